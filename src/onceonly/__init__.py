@@ -1,0 +1,52 @@
+"""onceonly: make retried work take effect once.
+
+The public surface is what ``__all__`` lists; modules starting with ``_`` are
+private.
+"""
+
+from __future__ import annotations
+
+from ._exceptions import (
+    BodyTooLarge,
+    ConfigurationError,
+    DeliveryRejected,
+    OnceonlyError,
+    PayloadError,
+    SignatureError,
+    StoreError,
+    StoreUnavailable,
+    UnknownProvider,
+)
+from .config import Onceonly, load_app
+from .events import Delivery, Event, EventInfo, EventStatus, NewEvent, Receipt
+from .inbox import GroupCommit, Inbox
+from .receiver import Receiver
+from .store import Store, create_store
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BodyTooLarge",
+    "ConfigurationError",
+    "Delivery",
+    "DeliveryRejected",
+    "Event",
+    "EventInfo",
+    "EventStatus",
+    "GroupCommit",
+    "Inbox",
+    "NewEvent",
+    "Onceonly",
+    "OnceonlyError",
+    "PayloadError",
+    "Receipt",
+    "Receiver",
+    "SignatureError",
+    "Store",
+    "StoreError",
+    "StoreUnavailable",
+    "UnknownProvider",
+    "__version__",
+    "create_store",
+    "load_app",
+]

@@ -1,0 +1,159 @@
+"""Configuration: the :class:`Onceonly` object, from the environment or from code.
+
+Environment variables:
+
+- ``ONCEONLY_DATABASE_URL``: default ``sqlite:///onceonly.db`` in the working directory.
+- ``ONCEONLY_<PROVIDER>_SECRET``: enables a provider; several secrets
+  comma-separated (rotation). ``<PROVIDER>`` is the route name upper-cased:
+  ``STRIPE``, ``STANDARDWEBHOOKS``, ``GITHUB``, ``HMAC``.
+- ``ONCEONLY_<PROVIDER>_TOLERANCE`` (seconds, timestamped providers) and
+  ``ONCEONLY_<PROVIDER>_REJECTION_STATUS`` (default 401).
+- ``ONCEONLY_MAX_BODY_BYTES``: default 1 MiB.
+- ``ONCEONLY_RETRY_AFTER``: seconds announced with a 503, default 5.
+
+In code, build an :class:`Onceonly` and point the CLI at it with
+``--app module:attribute``; what the object sets wins over the environment.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from ._exceptions import ConfigurationError
+from .inbox import Inbox
+from .providers import PROVIDER_CLASSES, Provider
+from .providers.base import env_name, parse_int
+from .store import DEFAULT_DATABASE_URL, Store, create_store
+
+if TYPE_CHECKING:
+    from .receiver import Receiver
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "Onceonly", "load_app"]
+
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+
+
+def providers_from_environ(environ: Mapping[str, str]) -> dict[str, Provider]:
+    """Every provider whose ``ONCEONLY_<NAME>_SECRET`` is set."""
+    found: dict[str, Provider] = {}
+    for name, cls in PROVIDER_CLASSES.items():
+        raw = environ.get(env_name(name, "SECRET"), "")
+        secrets = [s for s in (part.strip() for part in raw.split(",")) if s]
+        if secrets:
+            found[name] = cls.from_environ(environ, secrets)
+    return found
+
+
+class Onceonly:
+    """One onceonly deployment: where events are stored and who may send them.
+
+    ::
+
+        from onceonly import Onceonly
+        from onceonly.providers import Stripe, GitHub
+
+        app = Onceonly(
+            database_url="postgresql://app@db/app",
+            providers={"stripe": Stripe(["whsec_new", "whsec_old"]), "github": GitHub("s3cret")},
+        )
+
+    Providers are keyed by route name: ``/webhooks/stripe``. Two Stripe
+    accounts can live side by side as ``{"stripe": ..., "stripe-connect": Stripe(...)}``.
+    Providers configured in the environment are added unless `providers` names
+    the same route.
+    """
+
+    def __init__(
+        self,
+        database_url: str | None = None,
+        providers: Mapping[str, Provider] | None = None,
+        *,
+        max_body_bytes: int | None = None,
+        retry_after: int | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        env = os.environ if environ is None else environ
+        self.database_url = database_url or env.get("ONCEONLY_DATABASE_URL") or DEFAULT_DATABASE_URL
+        self.providers: dict[str, Provider] = providers_from_environ(env)
+        self.providers.update(providers or {})
+        for name in self.providers:
+            if not name or "/" in name:
+                raise ConfigurationError(f"provider route name {name!r} is not a path segment")
+        self.max_body_bytes = (
+            max_body_bytes
+            if max_body_bytes is not None
+            else parse_int(
+                env.get("ONCEONLY_MAX_BODY_BYTES", str(DEFAULT_MAX_BODY_BYTES)),
+                "ONCEONLY_MAX_BODY_BYTES",
+            )
+        )
+        self.retry_after = (
+            retry_after
+            if retry_after is not None
+            else parse_int(env.get("ONCEONLY_RETRY_AFTER", "5"), "ONCEONLY_RETRY_AFTER")
+        )
+        if self.max_body_bytes <= 0:
+            raise ConfigurationError("max_body_bytes must be positive")
+        if self.retry_after < 0:
+            raise ConfigurationError("retry_after must be >= 0")
+        self._store: Store | None = None
+        self._inbox: Inbox | None = None
+
+    @property
+    def store(self) -> Store:
+        """The store for `database_url`, created on first use (not yet connected)."""
+        if self._store is None:
+            self._store = create_store(self.database_url)
+        return self._store
+
+    @property
+    def inbox(self) -> Inbox:
+        if self._inbox is None:
+            self._inbox = Inbox(self.store, self.providers)
+        return self._inbox
+
+    def receiver(self) -> Receiver:
+        """The ASGI app for ``POST /{provider}``; mount it at ``/webhooks``."""
+        from .receiver import Receiver
+
+        return Receiver(self)
+
+    def asgi(self) -> Receiver:
+        """The whole server as ``onceonly serve`` runs it: ``POST /webhooks/{provider}``."""
+        from .receiver import Receiver
+
+        return Receiver(self, prefix="/webhooks")
+
+
+def load_app(spec: str | None, environ: Mapping[str, str] | None = None) -> Onceonly:
+    """Resolve ``module:attribute`` to an :class:`Onceonly`; without one, use the environment.
+
+    The attribute may also be a function that takes no argument and returns one.
+    The working directory is importable, as with uvicorn.
+    """
+    if not spec:
+        return Onceonly(environ=environ)
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ConfigurationError(f"--app must look like module:attribute, got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import {module_name!r}: {exc}") from exc
+    try:
+        target = getattr(module, attribute)
+    except AttributeError:
+        raise ConfigurationError(f"module {module_name!r} has no attribute {attribute!r}") from None
+    if callable(target) and not isinstance(target, Onceonly):
+        target = target()
+    if not isinstance(target, Onceonly):
+        raise ConfigurationError(
+            f"{spec} is a {type(target).__name__}, expected an onceonly.Onceonly"
+        )
+    return target

@@ -1,0 +1,102 @@
+"""The records that flow through the inbox: deliveries in, events stored."""
+
+from __future__ import annotations
+
+import base64
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+__all__ = ["Delivery", "Event", "EventInfo", "EventStatus", "NewEvent", "Receipt"]
+
+
+class EventStatus(enum.StrEnum):
+    """Where an event is in its life. The event row is the job."""
+
+    PENDING = "pending"
+    PROCESSING = "processing"
+    PROCESSED = "processed"
+    FAILED = "failed"
+    DEAD = "dead"
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One HTTP delivery as a provider sees it: raw bytes, never re-serialised.
+
+    Header names are lower-case; when a header is repeated, the values are
+    joined with ", " as HTTP allows.
+    """
+
+    provider: str
+    body: bytes
+    headers: Mapping[str, str]
+    query: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class EventInfo:
+    """What a provider extracts from a verified delivery."""
+
+    event_id: str
+    event_type: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An event about to be inserted."""
+
+    provider: str
+    event_id: str
+    event_type: str | None
+    body: bytes
+    headers: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """The database's verdict on one inserted event.
+
+    `id` is the row id for a new event; for a duplicate it is ``None``: the
+    database said "already there" and the receive path does not spend a second
+    query to look the old row up.
+    """
+
+    duplicate: bool
+    id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A stored event."""
+
+    id: int
+    provider: str
+    event_id: str
+    event_type: str | None
+    body: bytes
+    headers: Mapping[str, str]
+    received_at: datetime
+    status: EventStatus
+    attempts: int
+
+    def to_dict(self, *, include_body: bool = True) -> dict[str, Any]:
+        """A JSON-ready view; the body is decoded as UTF-8 where it can be."""
+        data: dict[str, Any] = {
+            "id": self.id,
+            "provider": self.provider,
+            "event_id": self.event_id,
+            "event_type": self.event_type,
+            "status": self.status.value,
+            "attempts": self.attempts,
+            "received_at": self.received_at.isoformat(),
+            "headers": dict(self.headers),
+        }
+        if include_body:
+            try:
+                data["body"] = self.body.decode("utf-8")
+            except UnicodeDecodeError:
+                data["body_base64"] = base64.b64encode(self.body).decode()
+        return data

@@ -1,0 +1,35 @@
+"""GitHub: ``X-Hub-Signature-256: sha256=<hex>``, HMAC-SHA256 over the raw body.
+
+The event id is the ``X-GitHub-Delivery`` header (GitHub keeps it on a manual
+redelivery, so a redelivery is recognised as a duplicate); the type is the
+``X-GitHub-Event`` header. Nothing time-based is signed, so there is no
+timestamp tolerance. The body is not parsed: GitHub can also send form-encoded
+payloads, and the raw bytes are stored either way.
+"""
+
+from __future__ import annotations
+
+from ..events import Delivery, EventInfo
+from .base import Provider, any_match, as_event_id, hmac_sha256
+
+__all__ = ["GitHub"]
+
+
+class GitHub(Provider):
+    name = "github"
+
+    def verify(self, delivery: Delivery) -> None:
+        header = self.require_header(delivery, "x-hub-signature-256")
+        algorithm, sep, signature = header.strip().partition("=")
+        if not sep or algorithm != "sha256" or not signature:
+            raise self.reject("malformed X-Hub-Signature-256 header: expected sha256=<hex>")
+        expected = (hmac_sha256(s.encode(), delivery.body).hex().encode() for s in self.secrets)
+        if not any_match(expected, [signature.lower().encode("ascii", "replace")]):
+            raise self.reject("signature does not match")
+
+    def identify(self, delivery: Delivery) -> EventInfo:
+        delivery_id = delivery.headers.get("x-github-delivery")
+        return EventInfo(
+            as_event_id(delivery_id, "X-GitHub-Delivery header"),
+            delivery.headers.get("x-github-event") or None,
+        )

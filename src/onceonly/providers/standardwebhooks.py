@@ -1,0 +1,87 @@
+"""Standard Webhooks (and Svix, which uses the same scheme under ``svix-*`` headers).
+
+Headers ``webhook-id``, ``webhook-timestamp``, ``webhook-signature`` (or
+``svix-id``, ``svix-timestamp``, ``svix-signature``). The signature header holds
+space-separated ``v1,<base64>`` entries; each is HMAC-SHA256 over
+``"{id}.{timestamp}." + raw body`` keyed with the base64-decoded secret (the
+part after ``whsec_``). Timestamp tolerance: 5 minutes in both directions.
+``v1a`` (ed25519) entries are ignored. The event id is the ``webhook-id``
+header; the type is the body's ``type`` when present.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import time
+from collections.abc import Sequence
+
+from .._exceptions import ConfigurationError
+from ..events import Delivery, EventInfo
+from .base import (
+    Clock,
+    TimestampedProvider,
+    any_match,
+    as_event_id,
+    hmac_sha256,
+    json_object,
+    optional_text,
+)
+
+__all__ = ["StandardWebhooks"]
+
+
+def _decode_secret(secret: str) -> bytes:
+    raw = secret.removeprefix("whsec_")
+    try:
+        return base64.b64decode(raw, validate=True)
+    except (binascii.Error, ValueError):
+        raise ConfigurationError(
+            "standardwebhooks secrets are 'whsec_' followed by base64"
+        ) from None
+
+
+class StandardWebhooks(TimestampedProvider):
+    name = "standardwebhooks"
+    default_tolerance = 300
+
+    def __init__(
+        self,
+        secrets: Sequence[str] | str,
+        *,
+        tolerance: int | None = None,
+        rejection_status: int = 401,
+        clock: Clock = time.time,
+    ) -> None:
+        super().__init__(
+            secrets, tolerance=tolerance, rejection_status=rejection_status, clock=clock
+        )
+        self._keys = tuple(_decode_secret(s) for s in self.secrets)
+
+    def _headers(self, delivery: Delivery) -> tuple[str, str, str]:
+        prefix = "webhook" if "webhook-signature" in delivery.headers else "svix"
+        return (
+            self.require_header(delivery, f"{prefix}-id"),
+            self.require_header(delivery, f"{prefix}-timestamp"),
+            self.require_header(delivery, f"{prefix}-signature"),
+        )
+
+    def verify(self, delivery: Delivery) -> None:
+        msg_id, timestamp, header = self._headers(delivery)
+        signatures = [
+            sig.encode("ascii", "replace")
+            for version, sep, sig in (entry.partition(",") for entry in header.split())
+            if sep and version == "v1"
+        ]
+        if not signatures:
+            raise self.reject("malformed signature header: no v1 signature")
+        self.check_timestamp(timestamp)
+        signed = (msg_id.encode(), b".", timestamp.encode(), b".", delivery.body)
+        expected = (base64.b64encode(hmac_sha256(key, *signed)) for key in self._keys)
+        if not any_match(expected, signatures):
+            raise self.reject("no v1 signature matches")
+
+    def identify(self, delivery: Delivery) -> EventInfo:
+        msg_id = delivery.headers.get("webhook-id") or delivery.headers.get("svix-id")
+        data = json_object(delivery)
+        return EventInfo(as_event_id(msg_id, "webhook-id header"), optional_text(data.get("type")))

@@ -1,0 +1,247 @@
+"""The ASGI receiver: ``POST /webhooks/{provider}``.
+
+A pure ASGI class (no framework per request: this is the hot path). Mount it in
+any ASGI app::
+
+    app = Starlette(routes=[Mount("/webhooks", app=onceonly.receiver())])
+
+Answers, in the order they are decided:
+
+===========================================  ======  =================================
+situation                                    status  stored
+===========================================  ======  =================================
+path is not ``/{provider}``                  404     no
+method is not POST                           405     no
+provider not configured                      404     no
+body over ``max_body_bytes``                 413     no
+signature missing, malformed, wrong, stale   401*    no
+body not parseable, or no event id           400     no
+database unreachable                         503     no (``Retry-After`` says when)
+new event                                    200     yes, committed before the answer
+duplicate                                    200     already (``Onceonly-Duplicate: true``)
+===========================================  ======  =================================
+
+(*) configurable per provider. Errors are ``application/problem+json``.
+A duplicate is not an error: answering anything but 2xx makes the sender retry
+even more.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl
+
+from ._exceptions import BodyTooLarge, DeliveryRejected, StoreError
+from .events import Delivery
+
+if TYPE_CHECKING:
+    from .config import Onceonly
+
+__all__ = ["Receiver"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+log = logging.getLogger("onceonly.receiver")
+
+_JSON = (b"content-type", b"application/json")
+_PROBLEM = (b"content-type", b"application/problem+json")
+
+
+class Receiver:
+    """ASGI app receiving webhook deliveries for one :class:`~onceonly.Onceonly`.
+
+    `prefix` is the path the provider name follows (``/webhooks`` when serving
+    stand-alone; empty when mounted, since the mount point is the prefix).
+    With a prefix it also answers ``GET /healthz``.
+    """
+
+    def __init__(self, onceonly: Onceonly, *, prefix: str = "") -> None:
+        self.onceonly = onceonly
+        self.inbox = onceonly.inbox
+        self.prefix = prefix.rstrip("/")
+        self.max_body_bytes = onceonly.max_body_bytes
+        self._retry_after = str(onceonly.retry_after).encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.inbox.store.open()
+                except StoreError as exc:
+                    # Start anyway: deliveries get 503 until the database is
+                    # back, and the store reconnects on its own.
+                    log.warning("database not reachable at start-up: %s", exc)
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.inbox.store.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _route(self, scope: Scope) -> str | None:
+        path: str = scope["path"]
+        root: str = scope.get("root_path", "")
+        # Starlette's Mount keeps the full path and sets root_path; other
+        # servers strip it. Accept both.
+        if root and path.startswith(root):
+            path = path[len(root) :]
+        if self.prefix:
+            if path == "/healthz":
+                return ""
+            if not path.startswith(self.prefix + "/"):
+                return None
+            path = path[len(self.prefix) :]
+        name = path[1:]
+        if not name or "/" in name:
+            return None
+        return name
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        provider = self._route(scope)
+        if provider is None:
+            await _problem(send, 404, "not-found", "Not Found", "no such route")
+            return
+        if provider == "":
+            await self._health(send)
+            return
+        if scope["method"] != "POST":
+            await _problem(
+                send, 405, "method", "Method Not Allowed", "use POST", [(b"allow", b"POST")]
+            )
+            return
+        try:
+            self.inbox.provider(provider)  # 404 before reading the body
+            headers = _headers(scope)
+            body = await self._read_body(headers, receive)
+            if body is None:
+                return  # the client disconnected; there is nobody to answer
+            delivery = Delivery(
+                provider=provider,
+                body=body,
+                headers=headers,
+                query=dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"))),
+            )
+            receipt = await self.inbox.receive(delivery)
+        except DeliveryRejected as exc:
+            log.debug("rejected delivery to %s: %s", provider, exc.detail)
+            await _problem(
+                send, exc.status, exc.reason, _TITLES.get(exc.reason, "Rejected"), exc.detail
+            )
+            return
+        except StoreError as exc:
+            log.warning("database unavailable, answering 503: %s", exc)
+            await _problem(
+                send,
+                503,
+                "unavailable",
+                "Service Unavailable",
+                "the event could not be stored; retry later",
+                [(b"retry-after", self._retry_after)],
+            )
+            return
+        duplicate = b"true" if receipt.duplicate else b"false"
+        await _send(
+            send,
+            200,
+            b'{"received":true,"duplicate":' + duplicate + b"}",
+            [_JSON, (b"onceonly-duplicate", duplicate)],
+        )
+
+    async def _read_body(self, headers: dict[str, str], receive: Receive) -> bytes | None:
+        limit = self.max_body_bytes
+        declared = headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise BodyTooLarge(f"body of {declared} bytes is over the {limit}-byte limit")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk: bytes = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge(f"body is over the {limit}-byte limit")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def _health(self, send: Send) -> None:
+        try:
+            await self.inbox.store.open()
+            version = await self.inbox.store.schema_version()
+        except StoreError as exc:
+            await _problem(
+                send,
+                503,
+                "unavailable",
+                "Service Unavailable",
+                str(exc),
+                [(b"retry-after", self._retry_after)],
+            )
+            return
+        body = json.dumps(
+            {"status": "ok", "engine": self.inbox.store.engine, "schema_version": version}
+        ).encode()
+        await _send(send, 200, body, [_JSON])
+
+
+_TITLES = {
+    "signature": "Invalid Signature",
+    "payload": "Invalid Payload",
+    "unknown-provider": "Unknown Provider",
+    "too-large": "Payload Too Large",
+    "rejected": "Rejected",
+}
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in scope["headers"]:
+        name = raw_name.decode("latin-1").lower()
+        value = raw_value.decode("latin-1")
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return headers
+
+
+async def _send(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*headers, (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _problem(
+    send: Send,
+    status: int,
+    reason: str,
+    title: str,
+    detail: str,
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    """An RFC 9457 problem document."""
+    body = json.dumps(
+        {
+            "type": f"urn:onceonly:problem:{reason}",
+            "title": title,
+            "status": status,
+            "detail": detail,
+        }
+    ).encode()
+    await _send(send, status, body, [_PROBLEM, *(extra or [])])

@@ -1,0 +1,231 @@
+"""PostgreSQL, for production and for more than one machine.
+
+The receive path uses asyncpg directly: a batch is one ``INSERT ... SELECT FROM
+unnest(...) ON CONFLICT DO NOTHING RETURNING`` statement, one round trip and one
+commit whatever the batch size. (Measured in the design prototype: SQLAlchemy's
+async layer on the same path reached about 30% of a bare endpoint, asyncpg with
+batching about 51%.)
+
+The pool connects lazily and reconnects by itself: when PostgreSQL goes away the
+store raises :class:`~onceonly.StoreUnavailable` (the receiver answers 503) and
+the next call after it comes back simply works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+from .._exceptions import StoreError, StoreUnavailable
+from ..events import Event, EventStatus, NewEvent, Receipt
+from . import migrations
+from .base import Store
+
+__all__ = ["PostgresStore"]
+
+_INSERT = """
+INSERT INTO onceonly_events (provider, event_id, event_type, body, headers)
+SELECT p, e, t, b, h::jsonb
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[]) AS u(p, e, t, b, h)
+ON CONFLICT (provider, event_id) DO NOTHING
+RETURNING provider, event_id, id
+"""
+_COLUMNS = "id, provider, event_id, event_type, body, headers, received_at, status, attempts"
+# Any constant; it only has to be the same for every onceonly process.
+_MIGRATION_LOCK = 0x6F6E6365  # "once"
+
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.AdminShutdownError,
+)
+
+
+def redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _to_event(row: asyncpg.Record) -> Event:
+    headers = row["headers"]
+    return Event(
+        id=row["id"],
+        provider=row["provider"],
+        event_id=row["event_id"],
+        event_type=row["event_type"],
+        body=bytes(row["body"]),
+        headers=json.loads(headers) if isinstance(headers, str) else headers,
+        received_at=row["received_at"],
+        status=EventStatus(row["status"]),
+        attempts=row["attempts"],
+    )
+
+
+class PostgresStore(Store):
+    engine = "postgresql"
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        auto_migrate: bool = True,
+        pool_size: int = 10,
+        connect_timeout: float = 3.0,
+        command_timeout: float = 10.0,
+    ) -> None:
+        self.dsn = dsn
+        self.url = redact(dsn)
+        self.auto_migrate = auto_migrate
+        self.pool_size = pool_size
+        self.connect_timeout = connect_timeout
+        self.command_timeout = command_timeout
+        self._pool: asyncpg.Pool | None = None
+        self._opening = asyncio.Lock()
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[PoolConnectionProxy]:
+        async with self._acquire(await self._ensure_pool()) as conn:
+            yield conn
+
+    @asynccontextmanager
+    async def _acquire(self, pool: asyncpg.Pool) -> AsyncIterator[PoolConnectionProxy]:
+        try:
+            async with pool.acquire(timeout=self.connect_timeout) as conn:
+                yield conn
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"PostgreSQL at {self.url}: {exc!r}") from exc
+        except asyncpg.PostgresError as exc:
+            raise StoreError(f"PostgreSQL: {exc}") from exc
+
+    async def _ensure_pool(self) -> asyncpg.Pool:
+        if self._pool is not None:
+            return self._pool
+        async with self._opening:
+            if self._pool is not None:
+                return self._pool
+            try:
+                pool = await asyncpg.create_pool(
+                    self.dsn,
+                    min_size=1,
+                    max_size=self.pool_size,
+                    timeout=self.connect_timeout,
+                    command_timeout=self.command_timeout,
+                )
+            except _UNAVAILABLE as exc:
+                raise StoreUnavailable(f"PostgreSQL at {self.url}: {exc!r}") from exc
+            except asyncpg.PostgresError as exc:
+                raise StoreError(f"PostgreSQL: {exc}") from exc
+            # The pool is published only once the schema is current, so no
+            # caller can insert into a table that does not exist yet.
+            try:
+                if self.auto_migrate:
+                    await self._migrate(pool)
+            except BaseException:
+                await pool.close()
+                raise
+            self._pool = pool
+            return pool
+
+    async def open(self) -> None:
+        await self._ensure_pool()
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+
+    async def migrate(self) -> list[int]:
+        return await self._migrate(await self._ensure_pool())
+
+    async def _migrate(self, pool: asyncpg.Pool) -> list[int]:
+        async with self._acquire(pool) as conn, conn.transaction():
+            # Serialises concurrent starters; released at commit.
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
+            await conn.execute(migrations.SCHEMA_TABLE["postgresql"])
+            current = await conn.fetchval("SELECT coalesce(max(version), 0) FROM onceonly_schema")
+            applied = []
+            for migration in migrations.pending("postgresql", current):
+                for statement in migration.statements:
+                    await conn.execute(statement)
+                await conn.execute(
+                    "INSERT INTO onceonly_schema (version, description) VALUES ($1, $2)",
+                    migration.version,
+                    migration.description,
+                )
+                applied.append(migration.version)
+            return applied
+
+    async def schema_version(self) -> int:
+        async with self._connection() as conn:
+            if not await conn.fetchval("SELECT to_regclass('onceonly_schema') IS NOT NULL"):
+                return 0
+            return int(await conn.fetchval("SELECT coalesce(max(version), 0) FROM onceonly_schema"))
+
+    async def insert_events(self, events: Sequence[NewEvent]) -> list[Receipt]:
+        columns: tuple[list[Any], ...] = ([], [], [], [], [])
+        for e in events:
+            columns[0].append(e.provider)
+            columns[1].append(e.event_id)
+            columns[2].append(e.event_type)
+            columns[3].append(e.body)
+            columns[4].append(json.dumps(dict(e.headers)))
+        async with self._connection() as conn:
+            rows = await conn.fetch(_INSERT, *columns)
+        # RETURNING lists only the rows the database inserted. Within one batch
+        # the same key can appear twice; the first occurrence is the new one.
+        new = {(r["provider"], r["event_id"]): r["id"] for r in rows}
+        receipts = []
+        for e in events:
+            row_id = new.pop((e.provider, e.event_id), None)
+            receipts.append(Receipt(duplicate=row_id is None, id=row_id))
+        return receipts
+
+    async def list_events(
+        self,
+        *,
+        provider: str | None = None,
+        status: EventStatus | None = None,
+        limit: int = 50,
+        before_id: int | None = None,
+    ) -> list[Event]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(
+                f"SELECT {_COLUMNS} FROM onceonly_events"
+                " WHERE ($1::text IS NULL OR provider = $1)"
+                " AND ($2::text IS NULL OR status = $2)"
+                " AND ($3::bigint IS NULL OR id < $3)"
+                " ORDER BY id DESC LIMIT $4",
+                provider,
+                status.value if status else None,
+                before_id,
+                limit,
+            )
+        return [_to_event(r) for r in rows]
+
+    async def get_event(self, id: int) -> Event | None:
+        async with self._connection() as conn:
+            row = await conn.fetchrow(f"SELECT {_COLUMNS} FROM onceonly_events WHERE id = $1", id)
+        return _to_event(row) if row else None
+
+    async def find_event(self, provider: str, event_id: str) -> Event | None:
+        async with self._connection() as conn:
+            row = await conn.fetchrow(
+                f"SELECT {_COLUMNS} FROM onceonly_events WHERE provider = $1 AND event_id = $2",
+                provider,
+                event_id,
+            )
+        return _to_event(row) if row else None

@@ -1,0 +1,240 @@
+"""The embedded default: one SQLite file in WAL mode with durable commits.
+
+All database work runs on one dedicated thread holding one connection, so the
+event loop never blocks on disk and SQLite never sees two writers from this
+process. ``synchronous=FULL`` makes each commit reach the disk before it
+returns (in WAL mode ``NORMAL`` may lose the last commits on power loss, which
+would break "no 2xx before the event is durable").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .._exceptions import StoreError, StoreUnavailable
+from ..events import Event, EventStatus, NewEvent, Receipt
+from . import migrations
+from .base import Store
+
+__all__ = ["SQLiteStore"]
+
+T = TypeVar("T")
+
+_INSERT = (
+    "INSERT INTO onceonly_events (provider, event_id, event_type, body, headers)"
+    " VALUES (?, ?, ?, ?, ?)"
+    " ON CONFLICT (provider, event_id) DO NOTHING RETURNING id"
+)
+_COLUMNS = "id, provider, event_id, event_type, body, headers, received_at, status, attempts"
+
+# Errors that mean "the database cannot take this now" rather than a bug:
+# locked past busy_timeout, disk full, I/O error, file unopenable.
+_UNAVAILABLE = (
+    "locked",
+    "busy",
+    "disk i/o",
+    "full",
+    "unable to open",
+    "readonly",
+    "read-only",
+)
+
+
+def _translate(exc: sqlite3.Error) -> StoreError:
+    message = str(exc)
+    if isinstance(exc, sqlite3.OperationalError) and any(
+        word in message.lower() for word in _UNAVAILABLE
+    ):
+        return StoreUnavailable(f"SQLite: {message}")
+    return StoreError(f"SQLite: {message}")
+
+
+def _to_event(row: tuple[Any, ...]) -> Event:
+    received = datetime.fromisoformat(row[6])
+    if received.tzinfo is None:
+        received = received.replace(tzinfo=UTC)
+    return Event(
+        id=row[0],
+        provider=row[1],
+        event_id=row[2],
+        event_type=row[3],
+        body=bytes(row[4]),
+        headers=json.loads(row[5]),
+        received_at=received,
+        status=EventStatus(row[7]),
+        attempts=row[8],
+    )
+
+
+class SQLiteStore(Store):
+    engine = "sqlite"
+
+    def __init__(
+        self, path: str | Path, *, auto_migrate: bool = True, busy_timeout_ms: int = 5000
+    ) -> None:
+        self.path = str(path)
+        self.url = f"sqlite:///{self.path}"
+        self.auto_migrate = auto_migrate
+        self.busy_timeout_ms = busy_timeout_ms
+        self._executor: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._ready = False
+
+    # The dedicated thread.
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="onceonly-sqlite")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._call, fn)
+
+    def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        try:
+            if self._conn is None:
+                self._conn = self._connect()
+            return fn(self._conn)
+        except sqlite3.Error as exc:
+            if self._conn is not None and self._conn.in_transaction:
+                self._conn.rollback()
+            raise _translate(exc) from exc
+
+    def _connect(self) -> sqlite3.Connection:
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves, so a batch is
+        # exactly one transaction and one fsync.
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
+        return conn
+
+    # Store.
+
+    async def open(self) -> None:
+        if self._ready:
+            return
+        await self._run(lambda conn: None)
+        if self.auto_migrate:
+            await self.migrate()
+        self._ready = True
+
+    async def close(self) -> None:
+        if self._executor is None:
+            return
+
+        def shut(conn: sqlite3.Connection) -> None:
+            conn.close()
+            self._conn = None
+
+        if self._conn is not None:
+            await self._run(shut)
+        self._executor.shutdown(wait=True)
+        self._executor = None
+        self._ready = False
+
+    async def migrate(self) -> list[int]:
+        def apply(conn: sqlite3.Connection) -> list[int]:
+            # BEGIN IMMEDIATE takes the write lock first, so two processes
+            # migrating at once run one after the other.
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(migrations.SCHEMA_TABLE["sqlite"])
+            (current,) = conn.execute(
+                "SELECT coalesce(max(version), 0) FROM onceonly_schema"
+            ).fetchone()
+            applied = []
+            for migration in migrations.pending("sqlite", current):
+                for statement in migration.statements:
+                    conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO onceonly_schema (version, description) VALUES (?, ?)",
+                    (migration.version, migration.description),
+                )
+                applied.append(migration.version)
+            conn.execute("COMMIT")
+            return applied
+
+        return await self._run(apply)
+
+    async def schema_version(self) -> int:
+        def read(conn: sqlite3.Connection) -> int:
+            exists = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'onceonly_schema'"
+            ).fetchone()
+            if not exists:
+                return 0
+            return int(
+                conn.execute("SELECT coalesce(max(version), 0) FROM onceonly_schema").fetchone()[0]
+            )
+
+        return await self._run(read)
+
+    async def _ensure_open(self) -> None:
+        if not self._ready:
+            await self.open()
+
+    async def insert_events(self, events: Sequence[NewEvent]) -> list[Receipt]:
+        await self._ensure_open()
+        rows = [
+            (e.provider, e.event_id, e.event_type, e.body, json.dumps(dict(e.headers)))
+            for e in events
+        ]
+
+        def insert(conn: sqlite3.Connection) -> list[Receipt]:
+            receipts = []
+            conn.execute("BEGIN IMMEDIATE")
+            for row in rows:
+                inserted = conn.execute(_INSERT, row).fetchone()
+                receipts.append(
+                    Receipt(duplicate=False, id=inserted[0]) if inserted else Receipt(True)
+                )
+            conn.execute("COMMIT")
+            return receipts
+
+        return await self._run(insert)
+
+    async def list_events(
+        self,
+        *,
+        provider: str | None = None,
+        status: EventStatus | None = None,
+        limit: int = 50,
+        before_id: int | None = None,
+    ) -> list[Event]:
+        await self._ensure_open()
+        where: list[str] = []
+        params: list[object] = []
+        if provider is not None:
+            where.append("provider = ?")
+            params.append(provider)
+        if status is not None:
+            where.append("status = ?")
+            params.append(status.value)
+        if before_id is not None:
+            where.append("id < ?")
+            params.append(before_id)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        sql = f"SELECT {_COLUMNS} FROM onceonly_events {clause} ORDER BY id DESC LIMIT ?"
+        rows = await self._run(lambda conn: conn.execute(sql, (*params, limit)).fetchall())
+        return [_to_event(row) for row in rows]
+
+    async def _one(self, sql: str, params: tuple[Any, ...]) -> Event | None:
+        await self._ensure_open()
+        row = await self._run(lambda conn: conn.execute(sql, params).fetchone())
+        return _to_event(row) if row else None
+
+    async def get_event(self, id: int) -> Event | None:
+        return await self._one(f"SELECT {_COLUMNS} FROM onceonly_events WHERE id = ?", (id,))
+
+    async def find_event(self, provider: str, event_id: str) -> Event | None:
+        return await self._one(
+            f"SELECT {_COLUMNS} FROM onceonly_events WHERE provider = ? AND event_id = ?",
+            (provider, event_id),
+        )
