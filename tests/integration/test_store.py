@@ -1,0 +1,110 @@
+"""The store adapters against a real SQLite file and a real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from onceonly import EventStatus, NewEvent, create_store
+from onceonly.store import migrations
+
+
+def event(event_id: str, provider: str = "stripe", body: bytes = b"{}") -> NewEvent:
+    return NewEvent(
+        provider=provider,
+        event_id=event_id,
+        event_type="charge.succeeded",
+        body=body,
+        headers={"stripe-signature": "t=1,v1=ab"},
+    )
+
+
+async def test_migrate_creates_tables_once_and_reports_version(database_url: str) -> None:
+    store = create_store(database_url, auto_migrate=False)
+    try:
+        assert await store.schema_version() == 0
+        assert await store.migrate() == [m.version for m in migrations.MIGRATIONS[store.engine]]
+        assert await store.migrate() == []
+        assert await store.schema_version() == migrations.latest(store.engine)
+    finally:
+        await store.close()
+
+
+async def test_concurrent_starters_apply_each_migration_once(database_url: str) -> None:
+    stores = [create_store(database_url, auto_migrate=False) for _ in range(5)]
+    try:
+        applied = await asyncio.gather(*(s.migrate() for s in stores))
+        assert sorted(len(a) for a in applied) == [0, 0, 0, 0, 1]
+    finally:
+        for s in stores:
+            await s.close()
+
+
+async def test_insert_decides_duplicates_in_the_database(database_url: str) -> None:
+    async with create_store(database_url) as store:
+        first = await store.insert_events([event("evt_1"), event("evt_2")])
+        assert [r.duplicate for r in first] == [False, False]
+        assert all(r.id is not None for r in first)
+        again = await store.insert_events([event("evt_2"), event("evt_3"), event("evt_3")])
+        # evt_2 exists; evt_3 appears twice in one batch: first new, second duplicate.
+        assert [r.duplicate for r in again] == [True, False, True]
+        # Same event id from another provider is another event.
+        other = await store.insert_events([event("evt_1", provider="github")])
+        assert [r.duplicate for r in other] == [False]
+        assert len(await store.list_events(limit=100)) == 4
+
+
+async def test_raw_bytes_and_headers_are_kept_exactly(database_url: str) -> None:
+    raw = b'{"id": "evt_x",  "amount":1.10}\n\x00\xff'
+    async with create_store(database_url) as store:
+        (receipt,) = await store.insert_events([event("evt_x", body=raw)])
+        assert receipt.id is not None
+        stored = await store.get_event(receipt.id)
+    assert stored is not None
+    assert stored.body == raw
+    assert stored.headers == {"stripe-signature": "t=1,v1=ab"}
+    assert stored.status is EventStatus.PENDING
+    assert stored.attempts == 0
+    assert stored.received_at.tzinfo is not None
+
+
+async def test_events_survive_reopening(database_url: str) -> None:
+    async with create_store(database_url) as store:
+        await store.insert_events([event(f"evt_{i}") for i in range(10)])
+    async with create_store(database_url) as store:
+        found = await store.find_event("stripe", "evt_7")
+        assert found is not None
+        assert found.event_id == "evt_7"
+        assert await store.find_event("stripe", "evt_missing") is None
+
+
+async def test_list_filters_and_pages_newest_first(database_url: str) -> None:
+    async with create_store(database_url) as store:
+        await store.insert_events([event(f"s{i}") for i in range(5)])
+        await store.insert_events([event(f"g{i}", provider="github") for i in range(3)])
+        github = await store.list_events(provider="github")
+        assert [e.event_id for e in github] == ["g2", "g1", "g0"]
+        page = await store.list_events(limit=3)
+        assert [e.event_id for e in page] == ["g2", "g1", "g0"]
+        older = await store.list_events(limit=3, before_id=page[-1].id)
+        assert [e.event_id for e in older] == ["s4", "s3", "s2"]
+        assert await store.list_events(status=EventStatus.DEAD) == []
+        assert len(await store.list_events(status=EventStatus.PENDING, limit=100)) == 8
+
+
+@pytest.mark.parametrize("writers", [8])
+async def test_racing_stores_store_each_event_once(database_url: str, writers: int) -> None:
+    """Separate connections racing on the same keys: the unique constraint decides."""
+    async with create_store(database_url):
+        pass  # migrate once up front
+    stores = [create_store(database_url) for _ in range(writers)]
+    try:
+        keys = [f"evt_{i}" for i in range(50)]
+        results = await asyncio.gather(*(s.insert_events([event(k) for k in keys]) for s in stores))
+        new_per_key = [sum(not r[i].duplicate for r in results) for i in range(len(keys))]
+        assert new_per_key == [1] * len(keys)
+        assert len(await stores[0].list_events(limit=1000)) == len(keys)
+    finally:
+        for s in stores:
+            await s.close()

@@ -1,0 +1,124 @@
+"""Helpers for tests: signed deliveries, a live server on loopback, a TCP proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+
+STRIPE_SECRET = "whsec_test_secret"
+
+
+def stripe_delivery(
+    event_id: str,
+    *,
+    event_type: str = "payment_intent.succeeded",
+    secret: str = STRIPE_SECRET,
+    timestamp: int | None = None,
+    extra: dict[str, Any] | None = None,
+) -> tuple[bytes, dict[str, str]]:
+    """A body and headers signed the way Stripe signs them."""
+    body = json.dumps(
+        {"id": event_id, "object": "event", "type": event_type, "data": extra or {}}
+    ).encode()
+    t = str(int(time.time()) if timestamp is None else timestamp)
+    signature = hmac.new(secret.encode(), t.encode() + b"." + body, hashlib.sha256).hexdigest()
+    return body, {"stripe-signature": f"t={t},v1={signature}", "content-type": "application/json"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def live_server(app: Any) -> Iterator[str]:
+    """Serve an ASGI app with uvicorn on a loopback port, in a thread."""
+    port = free_port()
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", access_log=False
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+class TcpProxy:
+    """A loopback TCP proxy that can be cut and restored, standing in for the
+    network path to a database: cut, every connection through it drops and new
+    ones are refused, exactly as when the database host goes away."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.port = free_port()
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+        self._writers |= {writer, up_writer}
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        self._writers -= {writer, up_writer}
+
+    async def _start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+
+    async def _stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for writer in list(self._writers):
+            with contextlib.suppress(Exception):
+                writer.transport.abort()
+        self._writers.clear()
+
+    def start(self) -> None:
+        self._call(self._start())
+
+    def cut(self) -> None:
+        self._call(self._stop())
+
+    def close(self) -> None:
+        self.cut()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)

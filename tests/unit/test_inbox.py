@@ -1,0 +1,126 @@
+"""Group commit and the inbox, on the in-memory store double."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from onceonly import (
+    Delivery,
+    Inbox,
+    NewEvent,
+    PayloadError,
+    Receipt,
+    SignatureError,
+    StoreUnavailable,
+    UnknownProvider,
+)
+from onceonly.inbox import GroupCommit
+from onceonly.providers import Stripe
+from onceonly.store.memory import MemoryStore
+from support import STRIPE_SECRET, stripe_delivery
+
+
+class SlowStore(MemoryStore):
+    """A commit takes a while, as an fsync or a round trip does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batch_sizes: list[int] = []
+
+    async def insert_events(self, events: Sequence[NewEvent]) -> list[Receipt]:
+        self.batch_sizes.append(len(events))
+        await asyncio.sleep(0.01)
+        return await super().insert_events(events)
+
+
+def new_event(event_id: str) -> NewEvent:
+    return NewEvent("stripe", event_id, None, b"{}", {})
+
+
+async def test_deliveries_arriving_during_a_commit_share_the_next_one() -> None:
+    store = SlowStore()
+    commits = GroupCommit(store)
+    first = asyncio.create_task(commits.submit(new_event("e0")))
+    while not store.batch_sizes:  # until the first commit is in flight
+        await asyncio.sleep(0)
+    later = await asyncio.gather(*(commits.submit(new_event(f"e{i}")) for i in range(1, 50)))
+    receipts = [await first, *later]
+    assert [r.duplicate for r in receipts] == [False] * 50
+    # The first commit runs alone; everything that arrived meanwhile shares the next.
+    assert store.batch_sizes == [1, 49]
+    assert len(store.events) == 50
+
+
+async def test_a_lone_delivery_commits_at_once() -> None:
+    store = SlowStore()
+    commits = GroupCommit(store)
+    await commits.submit(new_event("only"))
+    await commits.submit(new_event("next"))
+    assert store.batch_sizes == [1, 1]
+
+
+async def test_batches_are_capped() -> None:
+    store = SlowStore()
+    commits = GroupCommit(store, max_batch=10)
+    await asyncio.gather(*(commits.submit(new_event(f"e{i}")) for i in range(31)))
+    assert max(store.batch_sizes) == 10
+    assert sum(store.batch_sizes) == 31
+
+
+async def test_a_failed_commit_fails_every_delivery_in_it_and_the_next_ones_proceed() -> None:
+    store = SlowStore()
+    commits = GroupCommit(store)
+    store.unavailable = True
+    results = await asyncio.gather(
+        *(commits.submit(new_event(f"e{i}")) for i in range(5)), return_exceptions=True
+    )
+    assert all(isinstance(r, StoreUnavailable) for r in results)
+    store.unavailable = False
+    assert not (await commits.submit(new_event("e0"))).duplicate
+
+
+async def test_a_cancelled_waiter_does_not_break_the_batch() -> None:
+    store = SlowStore()
+    commits = GroupCommit(store)
+    first = asyncio.create_task(commits.submit(new_event("a")))
+    waiting = asyncio.create_task(commits.submit(new_event("b")))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    assert not (await first).duplicate
+    assert (await commits.submit(new_event("c"))).id is not None
+
+
+def inbox(store: MemoryStore) -> Inbox:
+    return Inbox(store, {"stripe": Stripe(STRIPE_SECRET)})
+
+
+async def test_inbox_verifies_before_storing() -> None:
+    store = MemoryStore()
+    body, headers = stripe_delivery("evt_1", secret="whsec_other")
+    with pytest.raises(SignatureError):
+        await inbox(store).receive(Delivery("stripe", body, headers))
+    assert store.events == {}
+
+
+async def test_inbox_rejects_unknown_providers_and_idless_events() -> None:
+    store = MemoryStore()
+    body, headers = stripe_delivery("")
+    with pytest.raises(UnknownProvider):
+        await inbox(store).receive(Delivery("paypal", body, headers))
+    with pytest.raises(PayloadError):
+        await inbox(store).receive(Delivery("stripe", body, headers))
+    assert store.events == {}
+
+
+async def test_inbox_stores_identified_event_once() -> None:
+    store = MemoryStore()
+    box = inbox(store)
+    body, headers = stripe_delivery("evt_9", event_type="invoice.paid")
+    first = await box.receive(Delivery("stripe", body, headers))
+    second = await box.receive(Delivery("stripe", body, headers))
+    assert (first.duplicate, second.duplicate) == (False, True)
+    (stored,) = store.events.values()
+    assert (stored.event_id, stored.event_type, stored.body) == ("evt_9", "invoice.paid", body)
