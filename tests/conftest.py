@@ -48,6 +48,7 @@ async def _reset_postgres() -> None:
         )
         for row in tables:
             await conn.execute(f'DROP TABLE IF EXISTS "{row["tablename"]}" CASCADE')
+        await conn.execute("DROP FUNCTION IF EXISTS onceonly_notify() CASCADE")
     finally:
         await conn.close()
 

@@ -35,7 +35,8 @@ async def test_concurrent_starters_apply_each_migration_once(database_url: str) 
     stores = [create_store(database_url, auto_migrate=False) for _ in range(5)]
     try:
         applied = await asyncio.gather(*(s.migrate() for s in stores))
-        assert sorted(len(a) for a in applied) == [0, 0, 0, 0, 1]
+        everything = len(migrations.MIGRATIONS[stores[0].engine])
+        assert sorted(len(a) for a in applied) == [0, 0, 0, 0, everything]
     finally:
         for s in stores:
             await s.close()

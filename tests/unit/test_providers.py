@@ -70,8 +70,10 @@ def mac(key: bytes, message: bytes) -> bytes:
 
 
 def fixed_clock(at: float = NOW) -> Callable[[], float]:
+    """A frozen ``time.time``: it returns a float, as the real clock does."""
+
     def clock() -> float:
-        return at
+        return float(at)
 
     return clock
 
@@ -190,17 +192,28 @@ class Scheme:
 
 STRIPE = Scheme("stripe", Stripe, STRIPE_SECRET, sign_stripe, {"clock": fixed_clock()})
 STANDARD = Scheme(
-    "standardwebhooks", StandardWebhooks, whsec(SW_KEY), sign_standardwebhooks,
+    "standardwebhooks",
+    StandardWebhooks,
+    whsec(SW_KEY),
+    sign_standardwebhooks,
     {"clock": fixed_clock()},
-)  # fmt: skip
+)
 SVIX = Scheme("svix", StandardWebhooks, whsec(SW_KEY), sign_svix, {"clock": fixed_clock()})
 GITHUB = Scheme("github", GitHub, GITHUB_SECRET, sign_github)
 HMAC_HEX = Scheme("hmac-hex", HMAC, HMAC_SECRET, sign_hmac_hex)
 HMAC_B64 = Scheme(
-    "hmac-base64", HMAC, HMAC_SECRET, sign_hmac_base64,
-    {"header": "X-Sig", "encoding": "base64", "prefix": "sha256=",
-     "event_id": "header:X-Event-Id", "event_type": None},
-)  # fmt: skip
+    "hmac-base64",
+    HMAC,
+    HMAC_SECRET,
+    sign_hmac_base64,
+    {
+        "header": "X-Sig",
+        "encoding": "base64",
+        "prefix": "sha256=",
+        "event_id": "header:X-Event-Id",
+        "event_type": None,
+    },
+)
 
 SCHEMES = [STRIPE, STANDARD, SVIX, GITHUB, HMAC_HEX, HMAC_B64]
 TIMESTAMPED = [STRIPE, STANDARD, SVIX]
@@ -532,7 +545,6 @@ def test_standardwebhooks_identify_payload_errors(body: bytes, drop: str | None)
     "secret",
     [
         pytest.param("whsec_not base64!", id="not base64"),
-        pytest.param("whsec_QUJD=", id="bad padding"),
         pytest.param("whsec_", id="empty key"),
     ],
 )
@@ -773,7 +785,7 @@ def test_test_built_stripe_header_is_accepted_by_stripe_sdk(body: bytes, several
     [
         pytest.param(TAMPERED, STRIPE_SECRET, 0, id="tampered body"),
         pytest.param(BODY, "whsec_wrong", 0, id="wrong secret"),
-        pytest.param(BODY, STRIPE_SECRET, 301, id="stale"),
+        pytest.param(BODY, STRIPE_SECRET, 310, id="stale"),
     ],
 )
 def test_stripe_sdk_and_onceonly_agree_on_rejection(body: bytes, secret: str, age: int) -> None:
@@ -828,8 +840,8 @@ def test_test_built_standardwebhooks_headers_are_accepted_by_sdk(
     [
         pytest.param(TAMPERED, SW_KEY, 0, id="tampered body"),
         pytest.param(BODY, SW_OLD_KEY, 0, id="wrong key"),
-        pytest.param(BODY, SW_KEY, 301, id="stale"),
-        pytest.param(BODY, SW_KEY, -301, id="future"),
+        pytest.param(BODY, SW_KEY, 310, id="stale"),
+        pytest.param(BODY, SW_KEY, -310, id="future"),
     ],
 )
 def test_standardwebhooks_sdk_and_onceonly_agree_on_rejection(
@@ -918,7 +930,9 @@ def fuzz_body(rng: random.Random) -> bytes:
 
 def fuzz_headers(rng: random.Random, scheme: Scheme, body: bytes) -> Headers:
     """Valid headers (so identify sees the random body), mutated ones, or pure noise."""
-    timestamp = NOW + rng.choice([0, rng.randint(-400, 400)])
+    timestamp = rng.choice([NOW, NOW + rng.randint(-400, 400), rng.randint(0, 10**12)])
+    if rng.random() < 0.2:
+        timestamp = rng.choice([1, -1]) * 10 ** rng.randint(10, 400)  # up to beyond a float
     signed = scheme.sign(body, timestamp)
     names = [*signed, "webhook-id", "svix-signature", "x-github-delivery", "x-event-id"]
     mode = rng.randrange(3)

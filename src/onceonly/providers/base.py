@@ -121,7 +121,9 @@ class TimestampedProvider(Provider):
             timestamp = int(raw)
         except ValueError:
             raise self.reject(f"malformed timestamp {raw[:40]!r}") from None
-        if self.tolerance and abs(self.clock() - timestamp) > self.tolerance:
+        # Integer arithmetic: a 400-digit timestamp must be "out of tolerance",
+        # not an OverflowError (a float clock minus a huge int overflows).
+        if self.tolerance and abs(int(self.clock()) - timestamp) > self.tolerance:
             raise self.reject(f"timestamp {timestamp} is outside the {self.tolerance} s tolerance")
         return timestamp
 
@@ -164,6 +166,8 @@ def json_object(delivery: Delivery) -> dict[str, Any]:
         data = json.loads(delivery.body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise PayloadError(f"body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise PayloadError("body is JSON nested too deeply") from None
     if not isinstance(data, dict):
         raise PayloadError("body is JSON but not an object")
     return data

@@ -33,12 +33,19 @@ __all__ = ["StandardWebhooks"]
 
 def _decode_secret(secret: str) -> bytes:
     raw = secret.removeprefix("whsec_")
+    # Some dashboards show the secret without its base64 padding; the
+    # reference SDK accepts that, so do we.
+    raw += "=" * (-len(raw) % 4)
     try:
-        return base64.b64decode(raw, validate=True)
+        key = base64.b64decode(raw, validate=True)
     except (binascii.Error, ValueError):
         raise ConfigurationError(
             "standardwebhooks secrets are 'whsec_' followed by base64"
         ) from None
+    if not key:
+        # An empty key would let anyone sign.
+        raise ConfigurationError("standardwebhooks secret decodes to an empty key")
+    return key
 
 
 class StandardWebhooks(TimestampedProvider):

@@ -36,7 +36,7 @@ class Stripe(TimestampedProvider):
             key, sep, value = item.strip().partition("=")
             if not sep:
                 continue
-            if key == "t":
+            if key == "t" and timestamp is None:  # the first t= counts, as in Stripe's SDK
                 timestamp = value
             elif key == "v1":
                 signatures.append(value.lower().encode("ascii", "replace"))

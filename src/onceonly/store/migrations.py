@@ -19,6 +19,7 @@ from dataclasses import dataclass
 __all__ = ["MIGRATIONS", "Migration"]
 
 _STATUSES = "'pending', 'processing', 'processed', 'failed', 'dead'"
+_NOW_SQLITE = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,73 @@ MIGRATIONS: dict[str, tuple[Migration, ...]] = {
                 "CREATE INDEX onceonly_events_status_idx ON onceonly_events (status, id)",
             ),
         ),
+        Migration(
+            2,
+            "worker: leases, retries, attempts, effects, outbox, jobs",
+            (
+                # Times the worker compares are unix seconds (REAL): SQLite
+                # cannot add a column with a non-constant default, and 0 reads
+                # as "due now", which is what a freshly received event is.
+                "ALTER TABLE onceonly_events ADD COLUMN run_after REAL NOT NULL DEFAULT 0",
+                "ALTER TABLE onceonly_events ADD COLUMN lease_owner TEXT",
+                "ALTER TABLE onceonly_events ADD COLUMN lease_expires_at REAL",
+                "ALTER TABLE onceonly_events ADD COLUMN fence INTEGER NOT NULL DEFAULT 0",
+                "ALTER TABLE onceonly_events ADD COLUMN processed_at TEXT",
+                "ALTER TABLE onceonly_events ADD COLUMN handler TEXT",
+                "ALTER TABLE onceonly_events ADD COLUMN last_error TEXT",
+                "CREATE INDEX onceonly_events_ready_idx ON onceonly_events (run_after, id)"
+                " WHERE status IN ('pending', 'failed')",
+                "CREATE INDEX onceonly_events_leased_idx ON onceonly_events (lease_expires_at)"
+                " WHERE status = 'processing'",
+                f"""CREATE TABLE onceonly_attempts (
+                    id INTEGER PRIMARY KEY AUTOINCREMENT,
+                    event_pk INTEGER NOT NULL REFERENCES onceonly_events (id) ON DELETE CASCADE,
+                    attempt INTEGER NOT NULL,
+                    worker TEXT NOT NULL,
+                    outcome TEXT NOT NULL,
+                    error_type TEXT,
+                    error_message TEXT,
+                    traceback TEXT,
+                    finished_at TEXT NOT NULL DEFAULT ({_NOW_SQLITE})
+                )""",
+                "CREATE INDEX onceonly_attempts_event_idx ON onceonly_attempts (event_pk, id)",
+                f"""CREATE TABLE onceonly_effects (
+                    event_pk INTEGER NOT NULL REFERENCES onceonly_events (id) ON DELETE CASCADE,
+                    name TEXT NOT NULL,
+                    key TEXT NOT NULL UNIQUE,
+                    outcome TEXT NOT NULL,
+                    recorded_at TEXT NOT NULL DEFAULT ({_NOW_SQLITE}),
+                    PRIMARY KEY (event_pk, name)
+                )""",
+                f"""CREATE TABLE onceonly_outbox (
+                    id INTEGER PRIMARY KEY AUTOINCREMENT,
+                    event_pk INTEGER REFERENCES onceonly_events (id) ON DELETE CASCADE,
+                    action TEXT NOT NULL,
+                    payload TEXT NOT NULL,
+                    status TEXT NOT NULL DEFAULT 'pending'
+                        CHECK (status IN ('pending', 'sent', 'dead')),
+                    attempts INTEGER NOT NULL DEFAULT 0,
+                    available_at REAL NOT NULL DEFAULT 0,
+                    last_error TEXT,
+                    created_at TEXT NOT NULL DEFAULT ({_NOW_SQLITE}),
+                    sent_at TEXT
+                )""",
+                "CREATE INDEX onceonly_outbox_due_idx ON onceonly_outbox (available_at)"
+                " WHERE status = 'pending'",
+                f"""CREATE TABLE onceonly_jobs (
+                    key TEXT PRIMARY KEY,
+                    status TEXT NOT NULL CHECK (status IN ('running', 'done', 'failed')),
+                    owner TEXT,
+                    fence INTEGER NOT NULL DEFAULT 1,
+                    lease_expires_at REAL,
+                    result TEXT,
+                    error TEXT,
+                    runs INTEGER NOT NULL DEFAULT 1,
+                    started_at TEXT NOT NULL DEFAULT ({_NOW_SQLITE}),
+                    finished_at TEXT
+                )""",
+            ),
+        ),
     ),
     "postgresql": (
         Migration(
@@ -86,6 +154,80 @@ MIGRATIONS: dict[str, tuple[Migration, ...]] = {
                     CONSTRAINT onceonly_events_provider_event_id_key UNIQUE (provider, event_id)
                 )""",
                 "CREATE INDEX onceonly_events_status_idx ON onceonly_events (status, id)",
+            ),
+        ),
+        Migration(
+            2,
+            "worker: leases, retries, attempts, effects, outbox, jobs",
+            (
+                "ALTER TABLE onceonly_events"
+                " ADD COLUMN run_after TIMESTAMPTZ NOT NULL DEFAULT '-infinity',"
+                " ADD COLUMN lease_owner TEXT,"
+                " ADD COLUMN lease_expires_at TIMESTAMPTZ,"
+                " ADD COLUMN fence BIGINT NOT NULL DEFAULT 0,"
+                " ADD COLUMN processed_at TIMESTAMPTZ,"
+                " ADD COLUMN handler TEXT,"
+                " ADD COLUMN last_error TEXT",
+                "CREATE INDEX onceonly_events_ready_idx ON onceonly_events (run_after, id)"
+                " WHERE status IN ('pending', 'failed')",
+                "CREATE INDEX onceonly_events_leased_idx ON onceonly_events (lease_expires_at)"
+                " WHERE status = 'processing'",
+                """CREATE TABLE onceonly_attempts (
+                    id BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+                    event_pk BIGINT NOT NULL REFERENCES onceonly_events (id) ON DELETE CASCADE,
+                    attempt INTEGER NOT NULL,
+                    worker TEXT NOT NULL,
+                    outcome TEXT NOT NULL,
+                    error_type TEXT,
+                    error_message TEXT,
+                    traceback TEXT,
+                    finished_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+                )""",
+                "CREATE INDEX onceonly_attempts_event_idx ON onceonly_attempts (event_pk, id)",
+                """CREATE TABLE onceonly_effects (
+                    event_pk BIGINT NOT NULL REFERENCES onceonly_events (id) ON DELETE CASCADE,
+                    name TEXT NOT NULL,
+                    key TEXT NOT NULL UNIQUE,
+                    outcome TEXT NOT NULL,
+                    recorded_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+                    PRIMARY KEY (event_pk, name)
+                )""",
+                """CREATE TABLE onceonly_outbox (
+                    id BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+                    event_pk BIGINT REFERENCES onceonly_events (id) ON DELETE CASCADE,
+                    action TEXT NOT NULL,
+                    payload TEXT NOT NULL,
+                    status TEXT NOT NULL DEFAULT 'pending'
+                        CHECK (status IN ('pending', 'sent', 'dead')),
+                    attempts INTEGER NOT NULL DEFAULT 0,
+                    available_at TIMESTAMPTZ NOT NULL DEFAULT '-infinity',
+                    last_error TEXT,
+                    created_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+                    sent_at TIMESTAMPTZ
+                )""",
+                "CREATE INDEX onceonly_outbox_due_idx ON onceonly_outbox (available_at)"
+                " WHERE status = 'pending'",
+                """CREATE TABLE onceonly_jobs (
+                    key TEXT PRIMARY KEY,
+                    status TEXT NOT NULL CHECK (status IN ('running', 'done', 'failed')),
+                    owner TEXT,
+                    fence BIGINT NOT NULL DEFAULT 1,
+                    lease_expires_at TIMESTAMPTZ,
+                    result TEXT,
+                    error TEXT,
+                    runs INTEGER NOT NULL DEFAULT 1,
+                    started_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+                    finished_at TIMESTAMPTZ
+                )""",
+                # One NOTIFY per inserting statement (not per row): a batch of
+                # 500 events wakes the workers once.
+                """CREATE FUNCTION onceonly_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                    PERFORM pg_notify('onceonly_events', '');
+                    RETURN NULL;
+                END $$""",
+                "CREATE TRIGGER onceonly_events_notify AFTER INSERT ON onceonly_events"
+                " FOR EACH STATEMENT EXECUTE FUNCTION onceonly_notify()",
             ),
         ),
     ),

@@ -1,0 +1,77 @@
+"""SQLAlchemy engines for the worker, the effect ledger and the job guard.
+
+The receive path talks to the drivers directly (it is the hot path); everything
+that runs users' code uses a synchronous SQLAlchemy :class:`~sqlalchemy.Engine`
+on the same database, so a handler can use SQLAlchemy Core and ORM on the very
+connection whose transaction marks its event processed.
+
+SQLite connections are set up like the store's (WAL, ``synchronous=FULL``,
+``busy_timeout``) and every transaction starts with ``BEGIN IMMEDIATE``: it takes
+the write lock up front, so two processes never deadlock upgrading a read
+transaction to a write one (SQLite answers that case with an immediate "database
+is locked", whatever the timeout).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+from urllib.parse import parse_qs
+
+import sqlalchemy as sa
+from sqlalchemy import event
+
+from ._exceptions import ConfigurationError
+
+__all__ = ["create_engine", "engine_kind"]
+
+
+def engine_kind(url: str) -> str:
+    scheme = url.partition("://")[0].split("+", 1)[0].lower()
+    if scheme == "sqlite":
+        return "sqlite"
+    if scheme in ("postgresql", "postgres"):
+        return "postgresql"
+    raise ConfigurationError(f"unsupported database URL scheme {scheme!r}")
+
+
+def create_engine(url: str, *, pool_size: int = 10) -> sa.Engine:
+    """A synchronous engine for `url` (an onceonly database URL)."""
+    kind = engine_kind(url)
+    rest = url.partition("://")[2]
+    if kind == "postgresql":
+        return sa.create_engine(
+            "postgresql+psycopg://" + rest,
+            pool_size=pool_size,
+            max_overflow=pool_size,
+            pool_pre_ping=True,
+        )
+    path, _, query = rest.partition("?")
+    path = path[1:] if path.startswith("/") else path
+    busy_ms = int(parse_qs(query).get("busy_timeout", ["5000"])[0])
+    engine = sa.create_engine(
+        f"sqlite+pysqlite:///{path}",
+        poolclass=sa.pool.QueuePool,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        connect_args={"check_same_thread": False, "timeout": busy_ms / 1000},
+    )
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
+        # Take transaction control away from pysqlite: SQLAlchemy's "begin"
+        # event below issues BEGIN IMMEDIATE instead.
+        dbapi_connection.isolation_level = None
+        for pragma in (
+            f"busy_timeout = {busy_ms}",
+            "journal_mode = WAL",
+            "synchronous = FULL",
+            "foreign_keys = ON",
+        ):
+            dbapi_connection.execute(f"PRAGMA {pragma}")
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection: sa.Connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
