@@ -123,6 +123,8 @@ def serve(
     port: int,
     log_level: str,
     access_log: bool,
+    with_worker: bool,
+    concurrency: int,
 ) -> None:
     """Run the webhook receiver: POST /webhooks/{provider}, GET /healthz.
 
@@ -141,14 +143,71 @@ def serve(
         f"onceonly {__version__}: database {app.store.url}, "
         f"providers: {', '.join(sorted(app.providers)) or 'none'}"
     )
-    uvicorn.run(
-        app.asgi(),
-        host=host,
-        port=port,
-        log_level=log_level,
-        access_log=access_log,
-        lifespan="on",
-        timeout_graceful_shutdown=10,
+    _configure_logging(log_level)
+
+    def run_server() -> None:
+        uvicorn.run(
+            app.asgi(),
+            host=host,
+            port=port,
+            log_level=log_level,
+            access_log=access_log,
+            lifespan="on",
+            timeout_graceful_shutdown=10,
+        )
+
+    if not with_worker:
+        run_server()
+        return
+    from .worker import running
+
+    with running(app.worker(concurrency=concurrency)):
+        run_server()
+
+
+@main.command()
+@_app_options
+@click.option(
+    "--concurrency",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 256),
+    help="Events handled at once (threads).",
+)
+@click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+)
+@_fail_cleanly
+def worker(
+    app_spec: str | None, database_url: str | None, concurrency: int, log_level: str
+) -> None:
+    """Process events: run each one's handler once, retry failures, then dead.
+
+    Handlers come from the --app object (@app.handler(...)). Claims due events
+    in batches; on PostgreSQL wakes on LISTEN/NOTIFY, otherwise polls every
+    second. SIGTERM or Ctrl-C finishes the events being handled, gives back the
+    rest, and exits. Run as many workers, on as many machines, as you like.
+    """
+    app = _load(app_spec, database_url)
+    _configure_logging(log_level)
+    if not len(app.handlers):
+        errors.print(
+            "[yellow]warning:[/yellow] no handler registered: events will be marked processed "
+            "as 'no handler registered'. Pass --app module:attribute."
+        )
+    asyncio.run(app.store.open())  # create or upgrade the tables first
+    errors.print(f"onceonly worker: database {app.store.url}, concurrency {concurrency}")
+    app.worker(concurrency=concurrency).run()
+
+
+def _configure_logging(level: str) -> None:
+    import logging
+
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
 
 
@@ -247,21 +306,90 @@ def show_event(app_spec: str | None, database_url: str | None, ref: str, fmt: st
     REF is the row id shown by `events list`, or PROVIDER:EVENT_ID
     (for example stripe:evt_1N...).
     """
+    from .operations import attempts_of
+
     app = _load(app_spec, database_url)
-    provider, sep, event_id = ref.partition(":")
-    if sep:
-        found = _with_store(app, lambda store: store.find_event(provider, event_id))
-    elif ref.isdigit():
-        found = _with_store(app, lambda store: store.get_event(int(ref)))
-    else:
-        raise click.BadParameter("use a row id or PROVIDER:EVENT_ID", param_hint="REF")
+    found = _find(app, ref)
     if found is None:
         errors.print(f"[red]no event {ref}[/red]")
         sys.exit(1)
+    attempts = attempts_of(app.engine, found.id)
     if fmt == "json":
-        click.echo(json.dumps(found.to_dict(), indent=2))
+        click.echo(
+            json.dumps(
+                {**found.to_dict(), "attempts_history": [a.to_dict() for a in attempts]}, indent=2
+            )
+        )
         return
     _print_event(found)
+    if attempts:
+        table = Table("attempt", "outcome", "worker", "error", "finished at")
+        for a in attempts:
+            error = f"{a.error_type}: {a.error_message}" if a.error_type else "-"
+            table.add_row(str(a.attempt), a.outcome, a.worker, error, a.finished_at)
+        console.print(table)
+        last = attempts[-1]
+        if last.traceback:
+            console.print("[bold]last traceback[/bold]")
+            console.print(last.traceback, markup=False, highlight=False)
+
+
+@events.command("replay")
+@_app_options
+@click.argument("ref", required=False)
+@click.option(
+    "--status", type=click.Choice(["failed", "dead"]), help="Replay every event with this status."
+)
+@_FORMAT
+@_fail_cleanly
+def replay_events(
+    app_spec: str | None,
+    database_url: str | None,
+    ref: str | None,
+    status: str | None,
+    fmt: str,
+) -> None:
+    """Put events back in line: one (REF: row id or PROVIDER:EVENT_ID) or all
+    with --status. Attempts start again from zero; recorded effects are not
+    called again."""
+    from .operations import replay
+
+    if (ref is None) == (status is None):
+        raise click.UsageError("give either an event (REF) or --status, not both")
+    app = _load(app_spec, database_url)
+    event_pk: int | None = None
+    if ref is not None:
+        found = _find(app, ref)
+        if found is None:
+            errors.print(f"[red]no event {ref}[/red]")
+            sys.exit(1)
+        event_pk = found.id
+    else:
+        asyncio.run(_open_and_close(app))
+    ids = replay(
+        app.engine, app.engine_kind, id=event_pk, status=EventStatus(status) if status else None
+    )
+    if fmt == "json":
+        click.echo(json.dumps({"replayed": ids}))
+    elif ref is not None and not ids:
+        errors.print(f"[yellow]event {ref} is pending or processing: already in line[/yellow]")
+        sys.exit(1)
+    else:
+        console.print(f"replayed {len(ids)} event(s)")
+
+
+async def _open_and_close(app: Onceonly) -> None:
+    await app.store.open()
+    await app.store.close()
+
+
+def _find(app: Onceonly, ref: str) -> Event | None:
+    provider, sep, event_id = ref.partition(":")
+    if sep:
+        return _with_store(app, lambda store: store.find_event(provider, event_id))
+    if ref.isdigit():
+        return _with_store(app, lambda store: store.get_event(int(ref)))
+    raise click.BadParameter("use a row id or PROVIDER:EVENT_ID", param_hint="REF")
 
 
 def _print_event(e: Event) -> None:

@@ -10,6 +10,12 @@ Environment variables:
   ``ONCEONLY_<PROVIDER>_REJECTION_STATUS`` (default 401).
 - ``ONCEONLY_MAX_BODY_BYTES``: default 1 MiB.
 - ``ONCEONLY_RETRY_AFTER``: seconds announced with a 503, default 5.
+- ``ONCEONLY_MAX_ATTEMPTS``: attempts before an event is ``dead``, default 10.
+- ``ONCEONLY_LEASE_SECONDS``: how long a claimed event stays with a worker that
+  stops renewing it (a killed one), default 30.
+- ``ONCEONLY_RETRY_BASE_SECONDS`` / ``ONCEONLY_RETRY_CAP_SECONDS``: backoff
+  after failure n is ``min(cap, base * 2**(n-1))`` times a jitter in [0.5, 1];
+  defaults 2 and 3600.
 
 In code, build an :class:`Onceonly` and point the CLI at it with
 ``--app module:attribute``; what the object sets wins over the environment.
@@ -20,17 +26,26 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, TypeVar
+
+import sqlalchemy as sa
 
 from ._exceptions import ConfigurationError
+from .db import create_engine, engine_kind
+from .handlers import Action, Handler, HandlerRegistry
 from .inbox import Inbox
 from .providers import PROVIDER_CLASSES, Provider
 from .providers.base import env_name, parse_int
 from .store import DEFAULT_DATABASE_URL, Store, create_store
 
 if TYPE_CHECKING:
+    from .guard import Guard
     from .receiver import Receiver
+    from .worker import Worker
+
+H = TypeVar("H", bound=Handler)
+A = TypeVar("A", bound=Action)
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "Onceonly", "load_app"]
 
@@ -74,6 +89,10 @@ class Onceonly:
         *,
         max_body_bytes: int | None = None,
         retry_after: int | None = None,
+        max_attempts: int | None = None,
+        lease_seconds: float | None = None,
+        retry_base: float | None = None,
+        retry_cap: float | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> None:
         env = os.environ if environ is None else environ
@@ -96,6 +115,26 @@ class Onceonly:
             if retry_after is not None
             else parse_int(env.get("ONCEONLY_RETRY_AFTER", "5"), "ONCEONLY_RETRY_AFTER")
         )
+        self.max_attempts = max_attempts or parse_int(
+            env.get("ONCEONLY_MAX_ATTEMPTS", "10"), "ONCEONLY_MAX_ATTEMPTS"
+        )
+        self.lease_seconds = lease_seconds or _float(env, "ONCEONLY_LEASE_SECONDS", 30.0)
+        self.retry_base = (
+            retry_base
+            if retry_base is not None
+            else _float(env, "ONCEONLY_RETRY_BASE_SECONDS", 2.0)
+        )
+        self.retry_cap = (
+            retry_cap
+            if retry_cap is not None
+            else _float(env, "ONCEONLY_RETRY_CAP_SECONDS", 3600.0)
+        )
+        if self.max_attempts < 1:
+            raise ConfigurationError("max_attempts must be at least 1")
+        if self.lease_seconds <= 0:
+            raise ConfigurationError("lease_seconds must be positive")
+        self.handlers = HandlerRegistry()
+        self._engine: sa.Engine | None = None
         if self.max_body_bytes <= 0:
             raise ConfigurationError("max_body_bytes must be positive")
         if self.retry_after < 0:
@@ -116,6 +155,56 @@ class Onceonly:
             self._inbox = Inbox(self.store, self.providers)
         return self._inbox
 
+    @property
+    def engine_kind(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``."""
+        return engine_kind(self.database_url)
+
+    @property
+    def engine(self) -> sa.Engine:
+        """A synchronous SQLAlchemy engine on the same database, for handlers and
+        the worker (created on first use)."""
+        if self._engine is None:
+            self._engine = create_engine(self.database_url)
+        return self._engine
+
+    def handler(
+        self, provider: str | None = None, event_type: str | None = None
+    ) -> Callable[[H], H]:
+        """Register a handler for `provider` and `event_type` (``None``: any).
+
+        ::
+
+            @app.handler("stripe", "payment_intent.succeeded")
+            def on_payment(event, ctx): ...
+        """
+
+        def register(fn: H) -> H:
+            self.handlers.add(fn, provider, event_type)
+            return fn
+
+        return register
+
+    def action(self, name: str) -> Callable[[A], A]:
+        """Register an outbox action, run after commit for ``ctx.stage(name, payload)``."""
+
+        def register(fn: A) -> A:
+            self.handlers.add_action(name, fn)
+            return fn
+
+        return register
+
+    def worker(self, *, concurrency: int = 4, **options: float) -> Worker:
+        from .worker import Worker
+
+        return Worker(self, concurrency=concurrency, **options)  # type: ignore[arg-type]
+
+    def guard(self, **options: float) -> Guard:
+        """A :class:`~onceonly.guard.Guard` on this database: ``once`` for any job."""
+        from .guard import Guard
+
+        return Guard(self.database_url, engine=self.engine, **options)
+
     def receiver(self) -> Receiver:
         """The ASGI app for ``POST /{provider}``; mount it at ``/webhooks``."""
         from .receiver import Receiver
@@ -127,6 +216,16 @@ class Onceonly:
         from .receiver import Receiver
 
         return Receiver(self, prefix="/webhooks")
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigurationError(f"{name} must be a number, got {raw!r}") from None
 
 
 def load_app(spec: str | None, environ: Mapping[str, str] | None = None) -> Onceonly:

@@ -81,6 +81,8 @@ class Event:
     received_at: datetime
     status: EventStatus
     attempts: int
+    #: The last failure, "Type: message", while failed or dead.
+    last_error: str | None = None
 
     def to_dict(self, *, include_body: bool = True) -> dict[str, Any]:
         """A JSON-ready view; the body is decoded as UTF-8 where it can be."""
@@ -91,6 +93,7 @@ class Event:
             "event_type": self.event_type,
             "status": self.status.value,
             "attempts": self.attempts,
+            "last_error": self.last_error,
             "received_at": self.received_at.isoformat(),
             "headers": dict(self.headers),
         }

@@ -37,7 +37,9 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[]) AS u(p,
 ON CONFLICT (provider, event_id) DO NOTHING
 RETURNING provider, event_id, id
 """
-_COLUMNS = "id, provider, event_id, event_type, body, headers, received_at, status, attempts"
+_COLUMNS = (
+    "id, provider, event_id, event_type, body, headers, received_at, status, attempts, last_error"
+)
 # Any constant; it only has to be the same for every onceonly process.
 _MIGRATION_LOCK = 0x6F6E6365  # "once"
 
@@ -72,6 +74,7 @@ def _to_event(row: asyncpg.Record) -> Event:
         received_at=row["received_at"],
         status=EventStatus(row["status"]),
         attempts=row["attempts"],
+        last_error=row["last_error"],
     )
 
 

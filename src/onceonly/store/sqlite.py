@@ -32,7 +32,9 @@ _INSERT = (
     " VALUES (?, ?, ?, ?, ?)"
     " ON CONFLICT (provider, event_id) DO NOTHING RETURNING id"
 )
-_COLUMNS = "id, provider, event_id, event_type, body, headers, received_at, status, attempts"
+_COLUMNS = (
+    "id, provider, event_id, event_type, body, headers, received_at, status, attempts, last_error"
+)
 
 # Errors that mean "the database cannot take this now" rather than a bug:
 # locked past busy_timeout, disk full, I/O error, file unopenable.
@@ -70,6 +72,7 @@ def _to_event(row: tuple[Any, ...]) -> Event:
         received_at=received,
         status=EventStatus(row[7]),
         attempts=row[8],
+        last_error=row[9],
     )
 
 

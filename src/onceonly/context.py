@@ -1,0 +1,169 @@
+"""What a handler gets besides its event: the transaction's connection, the
+effect ledger, and the outbox.
+
+The effect ledger (G4). ``ctx.effect("charge", fn)`` calls ``fn(key)`` at most
+once per event and name, as far as physics allows: the outcome is recorded
+under ``(event, name)`` in its own transaction, so it survives a rollback of
+the handler, and a retry gets the recorded outcome back instead of calling
+again. ``key`` is deterministic (the same on every attempt): pass it to APIs
+that accept an idempotency key. The one window left is a crash after the
+external call and before its record: the retry then calls again, with the same
+key, and a provider that honours idempotency keys answers with the first
+result instead of acting twice. Where the other side takes no key, that window
+is the residual risk; it lasts as long as one database write.
+
+On SQLite the handler's transaction holds the database's only write lock, so an
+effect's record is written just after that transaction ends (commit or
+rollback) rather than at once; the window is then the rest of the handler, and
+the key covers it the same way.
+
+The outbox. ``ctx.stage("email", payload)`` inserts a row in the handler's own
+transaction; the action registered under that name runs after the commit, so a
+rolled-back attempt sends nothing. Actions run at least once (a crash after
+sending and before marking sent sends again), with ``key`` to pass on for
+once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from ._exceptions import ConfigurationError, OnceonlyError
+from .events import Event
+from .queries import Queries
+
+__all__ = ["Context", "EffectError", "effect_key"]
+
+T = TypeVar("T")
+
+
+class EffectError(OnceonlyError):
+    """An effect's outcome could not be recorded (it must be JSON-serialisable)."""
+
+
+def effect_key(provider: str, event_id: str, name: str) -> str:
+    """The idempotency key of effect `name` of an event: stable across attempts,
+    workers and machines, at most 64 characters, safe in an HTTP header."""
+    digest = hashlib.sha256(f"{provider}\x00{event_id}\x00{name}".encode()).hexdigest()
+    return f"oo-{digest[:40]}"
+
+
+@dataclass
+class Context:
+    """Passed to each handler call with the event it handles."""
+
+    event: Event
+    #: The connection of the transaction that marks the event processed.
+    connection: sa.Connection
+    #: 1 for the first attempt.
+    attempt: int
+    _engine: sa.Engine
+    _queries: Queries
+    _kind: str
+    _actions: frozenset[str]
+    _lease: float
+    _deferred_effects: list[dict[str, Any]] = field(default_factory=list)
+    _session: Session | None = None
+
+    @property
+    def session(self) -> Session:
+        """An ORM session on this transaction; flushed before the event is marked."""
+        if self._session is None:
+            self._session = Session(bind=self.connection, expire_on_commit=False)
+        return self._session
+
+    def effect_key(self, name: str) -> str:
+        return effect_key(self.event.provider, self.event.event_id, name)
+
+    def _recorded(self, name: str) -> tuple[bool, Any]:
+        for pending in self._deferred_effects:
+            if pending["name"] == name:
+                return True, json.loads(pending["outcome"])
+        row = self.connection.execute(
+            sa.text(self._queries.find_effect), {"event_pk": self.event.id, "name": name}
+        ).first()
+        return (True, json.loads(row[0])) if row else (False, None)
+
+    def _record(self, name: str, key: str, outcome: Any) -> None:
+        try:
+            serialised = json.dumps(outcome)
+        except (TypeError, ValueError) as exc:
+            raise EffectError(
+                f"effect {name!r} returned a value that is not JSON-serialisable ({exc}); "
+                "the call was made, and its key protects the retry"
+            ) from exc
+        params = {"event_pk": self.event.id, "name": name, "key": key, "outcome": serialised}
+        if self._kind == "sqlite":
+            self._deferred_effects.append(params)
+            return
+        # Its own transaction, on another connection: survives a rollback of ours.
+        with self._engine.begin() as conn:
+            conn.execute(sa.text(self._queries.record_effect), params)
+
+    def effect(self, name: str, call: Callable[[str], T]) -> T:
+        """Run ``call(key)`` once for this event and `name`; return its outcome.
+
+        On a retry whose earlier attempt recorded an outcome, `call` is not
+        called and the recorded outcome (as JSON round-tripped) is returned.
+        """
+        found, outcome = self._recorded(name)
+        if found:
+            return outcome  # type: ignore[no-any-return]
+        key = self.effect_key(name)
+        result = call(key)
+        self._record(name, key, result)
+        return result
+
+    async def aeffect(self, name: str, call: Callable[[str], Awaitable[T]]) -> T:
+        """:meth:`effect` for a coroutine function."""
+        found, outcome = self._recorded(name)
+        if found:
+            return outcome  # type: ignore[no-any-return]
+        key = self.effect_key(name)
+        result = await call(key)
+        self._record(name, key, result)
+        return result
+
+    def stage(self, action: str, payload: Any) -> None:
+        """Stage `action` to run with `payload` after this transaction commits."""
+        if action not in self._actions:
+            raise ConfigurationError(
+                f"no outbox action named {action!r}; register one with @app.action({action!r})"
+            )
+        self.connection.execute(
+            sa.text(self._queries.stage),
+            {
+                "event_pk": self.event.id,
+                "action": action,
+                "payload": json.dumps(payload),
+                "now": time.time(),
+                "lease": self._lease,
+            },
+        )
+
+    # Called by the worker.
+
+    def _flush(self) -> None:
+        if self._session is not None:
+            self._session.flush()
+
+    def _close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+    def _write_deferred_effects(self) -> None:
+        if not self._deferred_effects:
+            return
+        with self._engine.begin() as conn:
+            for params in self._deferred_effects:
+                conn.execute(sa.text(self._queries.record_effect), params)
+        self._deferred_effects.clear()

@@ -1,0 +1,82 @@
+"""Operator actions: replay events, read their attempt history."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from .events import EventStatus
+from .queries import QUERIES
+
+__all__ = ["Attempt", "attempts_of", "replay"]
+
+REPLAYABLE = (EventStatus.FAILED, EventStatus.DEAD, EventStatus.PROCESSED)
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    attempt: int
+    worker: str
+    outcome: str
+    error_type: str | None
+    error_message: str | None
+    traceback: str | None
+    finished_at: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "worker": self.worker,
+            "outcome": self.outcome,
+            "error_type": self.error_type,
+            "error_message": self.error_message,
+            "traceback": self.traceback,
+            "finished_at": self.finished_at,
+        }
+
+
+def replay(
+    engine: sa.Engine, kind: str, *, id: int | None = None, status: EventStatus | None = None
+) -> list[int]:
+    """Put events back in line (status ``pending``, attempts reset); return their ids.
+
+    Only finished events are replayed (failed, dead or processed): a pending or
+    processing event is already in line. Replaying a processed event runs its
+    handler again; effects already recorded are not called again.
+    """
+    with engine.begin() as conn:
+        ids = [
+            int(row[0])
+            for row in conn.execute(
+                sa.text(QUERIES[kind].replay),
+                {"id": id, "status": status.value if status else None},
+            )
+        ]
+        if ids and kind == "postgresql":
+            conn.execute(sa.text("SELECT pg_notify('onceonly_events', '')"))
+    return ids
+
+
+def attempts_of(engine: sa.Engine, event_pk: int) -> list[Attempt]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT attempt, worker, outcome, error_type, error_message, traceback,"
+                " finished_at FROM onceonly_attempts WHERE event_pk = :pk ORDER BY id"
+            ),
+            {"pk": event_pk},
+        ).all()
+    return [
+        Attempt(
+            attempt=row.attempt,
+            worker=row.worker,
+            outcome=row.outcome,
+            error_type=row.error_type,
+            error_message=row.error_message,
+            traceback=row.traceback,
+            finished_at=str(row.finished_at),
+        )
+        for row in rows
+    ]

@@ -1,0 +1,277 @@
+"""Named SQL for the worker, the effect ledger, the outbox and the job guard.
+
+One entry per engine. PostgreSQL computes times with ``now()`` on the server
+(many machines, one clock); SQLite, which lives on one machine, gets ``:now``
+in unix seconds from the caller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["QUERIES", "Queries"]
+
+_EVENT_COLUMNS = (
+    "id, provider, event_id, event_type, body, headers, received_at, status, attempts, fence"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Queries:
+    #: Claim up to :n due events (new, failed and due, or leased by a dead worker).
+    claim: str
+    #: Inside the processing transaction: re-read the lease (and lock the row on PostgreSQL).
+    lock_event: str
+    mark_processed: str
+    #: Record a failure: back to 'failed' with run_after in :delay seconds, or 'dead'.
+    mark_failed: str
+    #: Give back events claimed but not started (graceful shutdown).
+    release: str
+    extend_leases: str
+    insert_attempt: str
+    replay: str
+    find_effect: str
+    record_effect: str
+    stage: str
+    pending_outbox_of_event: str
+    claim_outbox: str
+    mark_sent: str
+    mark_outbox_failed: str
+    job_claim: str
+    job_read: str
+    job_takeover: str
+    job_finish: str
+    job_fail: str
+    job_extend: str
+
+
+_POSTGRES = Queries(
+    claim=f"""
+        WITH ready AS (
+            SELECT id FROM onceonly_events
+            WHERE status IN ('pending', 'failed') AND run_after <= now()
+            ORDER BY run_after, id LIMIT :n FOR UPDATE SKIP LOCKED
+        ), abandoned AS (
+            SELECT id FROM onceonly_events
+            WHERE status = 'processing' AND lease_expires_at < now()
+            LIMIT :n FOR UPDATE SKIP LOCKED
+        ), due AS (
+            SELECT id FROM ready UNION SELECT id FROM abandoned LIMIT :n
+        )
+        UPDATE onceonly_events e SET
+            status = 'processing', lease_owner = :owner,
+            lease_expires_at = now() + make_interval(secs => :lease),
+            fence = e.fence + 1, attempts = e.attempts + 1
+        FROM due WHERE e.id = due.id
+        RETURNING e.{_EVENT_COLUMNS.replace(", ", ", e.")}
+    """,
+    # NO KEY UPDATE, not UPDATE: the effect ledger inserts rows referencing this
+    # event from another connection, and their foreign-key check takes KEY SHARE,
+    # which FOR UPDATE would block (a deadlock across our own two connections).
+    # Claims still skip the row: FOR UPDATE conflicts with NO KEY UPDATE.
+    lock_event="SELECT fence, status FROM onceonly_events WHERE id = :id FOR NO KEY UPDATE",
+    mark_processed="""
+        UPDATE onceonly_events SET status = 'processed', processed_at = now(),
+            handler = :handler, lease_owner = NULL, lease_expires_at = NULL, last_error = NULL
+        WHERE id = :id AND fence = :fence AND status = 'processing'
+    """,
+    mark_failed="""
+        UPDATE onceonly_events SET
+            status = CASE WHEN :dead THEN 'dead' ELSE 'failed' END,
+            run_after = now() + make_interval(secs => :delay),
+            lease_owner = NULL, lease_expires_at = NULL, last_error = :error
+        WHERE id = :id AND fence = :fence AND status = 'processing'
+    """,
+    release="""
+        UPDATE onceonly_events SET status = 'pending', lease_owner = NULL,
+            lease_expires_at = NULL, attempts = attempts - 1
+        WHERE id = :id AND fence = :fence AND status = 'processing'
+    """,
+    # SKIP LOCKED: a row locked by our own running handler needs no extension
+    # (nobody can claim a locked row) and must not make the keeper wait.
+    extend_leases="""
+        UPDATE onceonly_events SET lease_expires_at = now() + make_interval(secs => :lease)
+        WHERE id IN (
+            SELECT id FROM onceonly_events
+            WHERE id = ANY(:ids) AND lease_owner = :owner AND status = 'processing'
+            FOR UPDATE SKIP LOCKED)
+    """,
+    insert_attempt="""
+        INSERT INTO onceonly_attempts
+            (event_pk, attempt, worker, outcome, error_type, error_message, traceback)
+        VALUES (:event_pk, :attempt, :worker, :outcome, :error_type, :error_message, :traceback)
+    """,
+    replay="""
+        UPDATE onceonly_events SET status = 'pending', run_after = now(), attempts = 0,
+            lease_owner = NULL, lease_expires_at = NULL
+        WHERE status IN ('failed', 'dead', 'processed')
+            AND (CAST(:id AS BIGINT) IS NULL OR id = :id)
+            AND (CAST(:status AS TEXT) IS NULL OR status = :status)
+        RETURNING id
+    """,
+    find_effect="SELECT outcome FROM onceonly_effects WHERE event_pk = :event_pk AND name = :name",
+    record_effect="""
+        INSERT INTO onceonly_effects (event_pk, name, key, outcome)
+        VALUES (:event_pk, :name, :key, :outcome) ON CONFLICT DO NOTHING
+    """,
+    stage="""
+        INSERT INTO onceonly_outbox (event_pk, action, payload, available_at)
+        VALUES (:event_pk, :action, :payload, now() + make_interval(secs => :lease))
+        RETURNING id
+    """,
+    pending_outbox_of_event="""
+        SELECT id, action, payload, attempts FROM onceonly_outbox
+        WHERE event_pk = :event_pk AND status = 'pending' ORDER BY id
+    """,
+    claim_outbox="""
+        UPDATE onceonly_outbox SET available_at = now() + make_interval(secs => :lease)
+        WHERE id IN (
+            SELECT id FROM onceonly_outbox WHERE status = 'pending' AND available_at <= now()
+            ORDER BY id LIMIT :n FOR UPDATE SKIP LOCKED)
+        RETURNING id, action, payload, attempts
+    """,
+    mark_sent="""
+        UPDATE onceonly_outbox SET status = 'sent', sent_at = now(), attempts = attempts + 1
+        WHERE id = :id AND status = 'pending'
+    """,
+    mark_outbox_failed="""
+        UPDATE onceonly_outbox SET attempts = attempts + 1, last_error = :error,
+            status = CASE WHEN :dead THEN 'dead' ELSE 'pending' END,
+            available_at = now() + make_interval(secs => :delay)
+        WHERE id = :id AND status = 'pending'
+    """,
+    job_claim="""
+        INSERT INTO onceonly_jobs (key, status, owner, lease_expires_at)
+        VALUES (:key, 'running', :owner, now() + make_interval(secs => :lease))
+        ON CONFLICT (key) DO NOTHING RETURNING fence
+    """,
+    job_read="""
+        SELECT status, fence, result, lease_expires_at < now() AS expired
+        FROM onceonly_jobs WHERE key = :key
+    """,
+    job_takeover="""
+        UPDATE onceonly_jobs SET status = 'running', owner = :owner, fence = fence + 1,
+            lease_expires_at = now() + make_interval(secs => :lease), runs = runs + 1,
+            started_at = now(), error = NULL
+        WHERE key = :key AND fence = :fence
+            AND (status = 'failed' OR (status = 'running' AND lease_expires_at < now()))
+        RETURNING fence
+    """,
+    job_finish="""
+        UPDATE onceonly_jobs SET status = 'done', result = :result, finished_at = now(),
+            lease_expires_at = NULL
+        WHERE key = :key AND fence = :fence AND status = 'running'
+    """,
+    job_fail="""
+        UPDATE onceonly_jobs SET status = 'failed', error = :error, finished_at = now(),
+            lease_expires_at = NULL
+        WHERE key = :key AND fence = :fence AND status = 'running'
+    """,
+    job_extend="""
+        UPDATE onceonly_jobs SET lease_expires_at = now() + make_interval(secs => :lease)
+        WHERE key = :key AND fence = :fence AND status = 'running'
+    """,
+)
+
+_SQLITE = Queries(
+    claim=f"""
+        UPDATE onceonly_events SET
+            status = 'processing', lease_owner = :owner, lease_expires_at = :now + :lease,
+            fence = fence + 1, attempts = attempts + 1
+        WHERE id IN (
+            SELECT id FROM onceonly_events
+            WHERE (status IN ('pending', 'failed') AND run_after <= :now)
+               OR (status = 'processing' AND lease_expires_at < :now)
+            ORDER BY run_after, id LIMIT :n)
+        RETURNING {_EVENT_COLUMNS}
+    """,
+    # BEGIN IMMEDIATE already holds the database's write lock.
+    lock_event="SELECT fence, status FROM onceonly_events WHERE id = :id",
+    mark_processed="""
+        UPDATE onceonly_events SET status = 'processed',
+            processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'),
+            handler = :handler, lease_owner = NULL, lease_expires_at = NULL, last_error = NULL
+        WHERE id = :id AND fence = :fence AND status = 'processing'
+    """,
+    mark_failed="""
+        UPDATE onceonly_events SET
+            status = CASE WHEN :dead THEN 'dead' ELSE 'failed' END,
+            run_after = :now + :delay,
+            lease_owner = NULL, lease_expires_at = NULL, last_error = :error
+        WHERE id = :id AND fence = :fence AND status = 'processing'
+    """,
+    release=_POSTGRES.release,
+    extend_leases="""
+        UPDATE onceonly_events SET lease_expires_at = :now + :lease
+        WHERE id IN (SELECT value FROM json_each(:ids_json))
+            AND lease_owner = :owner AND status = 'processing'
+    """,
+    insert_attempt=_POSTGRES.insert_attempt,
+    replay="""
+        UPDATE onceonly_events SET status = 'pending', run_after = 0, attempts = 0,
+            lease_owner = NULL, lease_expires_at = NULL
+        WHERE status IN ('failed', 'dead', 'processed')
+            AND (CAST(:id AS BIGINT) IS NULL OR id = :id)
+            AND (CAST(:status AS TEXT) IS NULL OR status = :status)
+        RETURNING id
+    """,
+    find_effect=_POSTGRES.find_effect,
+    record_effect=_POSTGRES.record_effect,
+    stage="""
+        INSERT INTO onceonly_outbox (event_pk, action, payload, available_at)
+        VALUES (:event_pk, :action, :payload, :now + :lease)
+        RETURNING id
+    """,
+    pending_outbox_of_event=_POSTGRES.pending_outbox_of_event,
+    claim_outbox="""
+        UPDATE onceonly_outbox SET available_at = :now + :lease
+        WHERE id IN (
+            SELECT id FROM onceonly_outbox WHERE status = 'pending' AND available_at <= :now
+            ORDER BY id LIMIT :n)
+        RETURNING id, action, payload, attempts
+    """,
+    mark_sent="""
+        UPDATE onceonly_outbox SET status = 'sent', attempts = attempts + 1,
+            sent_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')
+        WHERE id = :id AND status = 'pending'
+    """,
+    mark_outbox_failed="""
+        UPDATE onceonly_outbox SET attempts = attempts + 1, last_error = :error,
+            status = CASE WHEN :dead THEN 'dead' ELSE 'pending' END,
+            available_at = :now + :delay
+        WHERE id = :id AND status = 'pending'
+    """,
+    job_claim="""
+        INSERT INTO onceonly_jobs (key, status, owner, lease_expires_at)
+        VALUES (:key, 'running', :owner, :now + :lease)
+        ON CONFLICT (key) DO NOTHING RETURNING fence
+    """,
+    job_read="""
+        SELECT status, fence, result, lease_expires_at < :now AS expired
+        FROM onceonly_jobs WHERE key = :key
+    """,
+    job_takeover="""
+        UPDATE onceonly_jobs SET status = 'running', owner = :owner, fence = fence + 1,
+            lease_expires_at = :now + :lease, runs = runs + 1,
+            started_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), error = NULL
+        WHERE key = :key AND fence = :fence
+            AND (status = 'failed' OR (status = 'running' AND lease_expires_at < :now))
+        RETURNING fence
+    """,
+    job_finish="""
+        UPDATE onceonly_jobs SET status = 'done', result = :result, lease_expires_at = NULL,
+            finished_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')
+        WHERE key = :key AND fence = :fence AND status = 'running'
+    """,
+    job_fail="""
+        UPDATE onceonly_jobs SET status = 'failed', error = :error, lease_expires_at = NULL,
+            finished_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')
+        WHERE key = :key AND fence = :fence AND status = 'running'
+    """,
+    job_extend="""
+        UPDATE onceonly_jobs SET lease_expires_at = :now + :lease
+        WHERE key = :key AND fence = :fence AND status = 'running'
+    """,
+)
+
+QUERIES = {"postgresql": _POSTGRES, "sqlite": _SQLITE}

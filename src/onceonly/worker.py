@@ -1,0 +1,474 @@
+"""The worker: claims events, runs their handlers once, retries, gives up loudly.
+
+The event row is the job. A worker claims a batch of due events in one
+statement (``FOR UPDATE SKIP LOCKED`` on PostgreSQL; one ``UPDATE ...
+RETURNING`` on SQLite), which sets ``status='processing'``, its own name as
+``lease_owner``, a lease expiry, and bumps ``fence``. Each event then runs in
+its own transaction:
+
+1. re-read the row (locking it on PostgreSQL): if ``fence`` changed, the lease
+   was lost and another worker owns the event: stop, write nothing;
+2. run the handler on that transaction's connection;
+3. ``UPDATE ... SET status='processed' WHERE id=? AND fence=?`` and commit.
+
+So the handler's writes and the mark commit together (G3). A worker killed
+with SIGKILL leaves ``processing`` rows whose lease runs out; any worker then
+claims them again. A live worker keeps extending the leases of the events it
+holds, and on PostgreSQL the row lock taken in step 1 makes a running handler's
+event unclaimable even if its lease ran out (claims skip locked rows), so a slow
+handler never runs twice in parallel. A handler that raises rolls back; the
+event becomes ``failed`` with a retry time (exponential backoff with jitter),
+and after ``max_attempts`` it becomes ``dead``. Every attempt's error, type and
+traceback is kept in ``onceonly_attempts``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from ._exceptions import OnceonlyError
+from .context import Context
+from .events import Event, EventStatus
+from .queries import QUERIES
+
+if TYPE_CHECKING:
+    from .config import Onceonly
+
+__all__ = ["Claimed", "Worker", "backoff"]
+
+log = logging.getLogger("onceonly.worker")
+
+
+class LeaseLost(OnceonlyError):
+    """Another worker owns the event now; this one must not commit anything."""
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    event: Event
+    fence: int
+
+
+def backoff(attempt: int, *, base: float, cap: float) -> float:
+    """Seconds before retry number `attempt` (1-based): exponential, capped, with
+    jitter between half and all of it so that a burst of failures spreads out."""
+    delay = min(cap, base * 2 ** max(0, attempt - 1))
+    return float(delay * random.uniform(0.5, 1.0))
+
+
+def _event_from_row(row: Any) -> Event:
+    headers = row.headers
+    received = row.received_at
+    if isinstance(received, str):
+        received = datetime.fromisoformat(received)
+        if received.tzinfo is None:
+            received = received.replace(tzinfo=UTC)
+    return Event(
+        id=row.id,
+        provider=row.provider,
+        event_id=row.event_id,
+        event_type=row.event_type,
+        body=bytes(row.body),
+        headers=json.loads(headers) if isinstance(headers, str) else headers,
+        received_at=received,
+        status=EventStatus(row.status),
+        attempts=row.attempts,
+    )
+
+
+class Worker:
+    """Processes events for one :class:`~onceonly.Onceonly` until stopped."""
+
+    def __init__(
+        self,
+        app: Onceonly,
+        *,
+        concurrency: int = 4,
+        batch_size: int | None = None,
+        poll_interval: float = 1.0,
+        name: str | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.app = app
+        self.concurrency = concurrency
+        # Claim a little ahead so a thread never waits on a round trip.
+        self.batch_size = batch_size or concurrency * 2
+        self.poll_interval = min(poll_interval, 1.0)
+        self.lease = app.lease_seconds
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:x}"
+        self.engine = app.engine
+        self.kind = app.engine_kind
+        self.q = QUERIES[self.kind]
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._held: dict[int, Claimed] = {}
+        self._started: set[int] = set()
+        self._lock = threading.Lock()
+        self._loops = threading.local()
+        self.processed = 0
+        self.failed = 0
+
+    # Public.
+
+    def stop(self) -> None:
+        """Finish the events being handled, give back the others, then return from run()."""
+        self._stop.set()
+        self._wake.set()
+
+    def run(self, *, install_signals: bool = True) -> None:
+        """Run until :meth:`stop` (or SIGTERM/SIGINT when `install_signals`)."""
+        if install_signals:
+            self._install_signals()
+        log.info("worker %s: concurrency %d, lease %.0f s", self.name, self.concurrency, self.lease)
+        keeper = threading.Thread(target=self._keep_leases, name="onceonly-leases", daemon=True)
+        keeper.start()
+        listener = None
+        if self.kind == "postgresql":
+            listener = threading.Thread(target=self._listen, name="onceonly-listen", daemon=True)
+            listener.start()
+        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="onceonly-handler")
+        next_outbox_sweep = 0.0
+        try:
+            while not self._stop.is_set():
+                room = self.batch_size + self.concurrency - len(self._held)
+                claimed = self._claim(min(room, self.batch_size)) if room > 0 else []
+                for item in claimed:
+                    with self._lock:
+                        self._held[item.event.id] = item
+                    pool.submit(self._run_one, item).add_done_callback(self._done)
+                if time.monotonic() >= next_outbox_sweep:
+                    self._sweep_outbox()
+                    next_outbox_sweep = time.monotonic() + 2.0
+                if claimed and len(claimed) == min(room, self.batch_size):
+                    continue  # there may be more waiting
+                self._wake.wait(self.poll_interval)
+                self._wake.clear()
+        finally:
+            # Graceful: events not yet started go back to the queue at once;
+            # the ones being handled finish.
+            pool.shutdown(wait=False, cancel_futures=True)
+            self._release_unstarted()
+            pool.shutdown(wait=True)
+            self._stop.set()
+            log.info(
+                "worker %s stopped: %d processed, %d failed", self.name, self.processed, self.failed
+            )
+
+    def run_until_idle(self, timeout: float = 60.0) -> None:
+        """Process until nothing is due (for scripts and tests), then return."""
+        deadline = time.monotonic() + timeout
+        thread = threading.Thread(target=self.run, kwargs={"install_signals": False})
+        thread.start()
+        try:
+            idle_since: float | None = None
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
+                busy = bool(self._held) or self._due_count() > 0
+                if busy:
+                    idle_since = None
+                elif idle_since is None:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since > 0.2:
+                    return
+        finally:
+            self.stop()
+            thread.join()
+
+    # Claiming.
+
+    def _params(self, **extra: Any) -> dict[str, Any]:
+        return {"owner": self.name, "lease": self.lease, "now": time.time(), **extra}
+
+    def _claim(self, n: int) -> list[Claimed]:
+        try:
+            with self.engine.begin() as conn:
+                rows = conn.execute(sa.text(self.q.claim), self._params(n=n)).all()
+        except sa.exc.OperationalError as exc:
+            log.warning("claim failed (will retry): %s", exc.orig)
+            time.sleep(min(1.0, self.poll_interval))
+            return []
+        return [Claimed(_event_from_row(row), row.fence) for row in rows]
+
+    def _due_count(self) -> int:
+        now = "now()" if self.kind == "postgresql" else ":now"
+        sql = (
+            "SELECT count(*) FROM onceonly_events WHERE "
+            f"(status IN ('pending', 'failed') AND run_after <= {now})"
+            f" OR (status = 'processing' AND lease_expires_at < {now})"
+        )
+        with self.engine.connect() as conn:
+            return int(conn.execute(sa.text(sql), {"now": time.time()}).scalar_one())
+
+    def _done(self, future: Future[None]) -> None:
+        self._wake.set()
+
+    # Processing one event.
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        loop: asyncio.AbstractEventLoop | None = getattr(self._loops, "loop", None)
+        if loop is None:
+            loop = asyncio.new_event_loop()
+            self._loops.loop = loop
+        return loop
+
+    def _run_one(self, item: Claimed) -> None:
+        event = item.event
+        with self._lock:
+            self._started.add(event.id)
+        try:
+            self._process(item)
+        except Exception:  # never let one event kill the worker thread
+            log.exception("event %s: unexpected error in the worker", event.id)
+        finally:
+            with self._lock:
+                self._held.pop(event.id, None)
+                self._started.discard(event.id)
+
+    def _process(self, item: Claimed) -> None:
+        event = item.event
+        registration = self.app.handlers.resolve(event.provider, event.event_type)
+        if event.attempts > self.app.max_attempts:
+            # Claimed again after workers died on it max_attempts times.
+            self._fail(item, RuntimeError("the worker died during every attempt"), None)
+            return
+        ctx: Context | None = None
+        try:
+            with self.engine.begin() as conn:
+                row = conn.execute(sa.text(self.q.lock_event), {"id": event.id}).first()
+                if row is None or row.fence != item.fence or row.status != "processing":
+                    raise LeaseLost(f"event {event.id}: lease lost before processing")
+                ctx = Context(
+                    event=event,
+                    connection=conn,
+                    attempt=event.attempts,
+                    _engine=self.engine,
+                    _queries=self.q,
+                    _kind=self.kind,
+                    _actions=frozenset(self.app.handlers.actions),
+                    _lease=self.lease,
+                )
+                if registration is not None:
+                    if registration.is_async:
+                        self._loop().run_until_complete(registration.handler(event, ctx))
+                    else:
+                        registration.handler(event, ctx)
+                    ctx._flush()
+                handled_by = registration.name if registration else "(no handler registered)"
+                marked = conn.execute(
+                    sa.text(self.q.mark_processed),
+                    {"id": event.id, "fence": item.fence, "handler": handled_by},
+                )
+                if marked.rowcount != 1:
+                    raise LeaseLost(f"event {event.id}: lease lost while processing")
+                self._attempt(conn, item, "processed")
+        except LeaseLost as exc:
+            log.warning("%s; the new owner will finish it", exc)
+            if ctx is not None:
+                ctx._close()
+                ctx._write_deferred_effects()
+            return
+        except Exception as exc:
+            if ctx is not None:
+                ctx._close()
+                ctx._write_deferred_effects()
+            self._fail(item, exc, registration.name if registration else None)
+            return
+        ctx._close()
+        ctx._write_deferred_effects()
+        self.processed += 1
+        if registration is None:
+            log.info(
+                "event %s (%s %s): no handler registered; marked processed",
+                event.id,
+                event.provider,
+                event.event_type,
+            )
+        self._run_outbox_of(event.id)
+
+    def _attempt(
+        self, conn: sa.Connection, item: Claimed, outcome: str, exc: BaseException | None = None
+    ) -> None:
+        conn.execute(
+            sa.text(self.q.insert_attempt),
+            {
+                "event_pk": item.event.id,
+                "attempt": item.event.attempts,
+                "worker": self.name,
+                "outcome": outcome,
+                "error_type": type(exc).__qualname__ if exc else None,
+                "error_message": str(exc)[:2000] if exc else None,
+                "traceback": "".join(traceback.format_exception(exc))[-8000:] if exc else None,
+            },
+        )
+
+    def _fail(self, item: Claimed, exc: Exception, handler: str | None) -> None:
+        self.failed += 1
+        attempt = item.event.attempts
+        dead = attempt >= self.app.max_attempts
+        delay = 0.0 if dead else backoff(attempt, base=self.app.retry_base, cap=self.app.retry_cap)
+        log.warning(
+            "event %s (%s) attempt %d/%d failed%s: %s: %s",
+            item.event.id,
+            handler or "no handler",
+            attempt,
+            self.app.max_attempts,
+            "; now dead" if dead else f"; retry in {delay:.1f} s",
+            type(exc).__name__,
+            exc,
+        )
+        try:
+            with self.engine.begin() as conn:
+                result = conn.execute(
+                    sa.text(self.q.mark_failed),
+                    self._params(
+                        id=item.event.id,
+                        fence=item.fence,
+                        dead=dead,
+                        delay=delay,
+                        error=f"{type(exc).__name__}: {exc}"[:2000],
+                    ),
+                )
+                if result.rowcount == 1:
+                    self._attempt(conn, item, "dead" if dead else "failed", exc)
+        except sa.exc.OperationalError as db_exc:
+            # The lease will run out and the event will be claimed again.
+            log.error("could not record the failure of event %s: %s", item.event.id, db_exc)
+
+    # Leases.
+
+    def _keep_leases(self) -> None:
+        while not self._stop.wait(self.lease / 3):
+            with self._lock:
+                ids = list(self._held)
+            if not ids:
+                continue
+            try:
+                with self.engine.begin() as conn:
+                    conn.execute(
+                        sa.text(self.q.extend_leases),
+                        self._params(ids=ids, ids_json=json.dumps(ids)),
+                    )
+            except sa.exc.OperationalError as exc:
+                log.warning("could not extend leases: %s", exc.orig)
+
+    def _release_unstarted(self) -> None:
+        with self._lock:
+            waiting = [c for i, c in self._held.items() if i not in self._started]
+            for c in waiting:
+                self._held.pop(c.event.id, None)
+        if not waiting:
+            return
+        try:
+            with self.engine.begin() as conn:
+                for c in waiting:
+                    conn.execute(sa.text(self.q.release), {"id": c.event.id, "fence": c.fence})
+            log.info("released %d claimed events not yet started", len(waiting))
+        except sa.exc.OperationalError as exc:
+            log.warning("could not release events (their leases will expire): %s", exc.orig)
+
+    # Waking up.
+
+    def _listen(self) -> None:
+        """LISTEN on PostgreSQL: a new event wakes the claim loop at once."""
+        import psycopg
+
+        dsn = "postgresql://" + self.app.database_url.partition("://")[2]
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+                    conn.execute("LISTEN onceonly_events")
+                    while not self._stop.is_set():
+                        for _ in conn.notifies(timeout=0.5, stop_after=1):
+                            self._wake.set()
+            except psycopg.Error as exc:
+                log.warning("LISTEN connection lost (polling meanwhile): %s", exc)
+                self._stop.wait(1.0)
+
+    def _install_signals(self) -> None:
+        def handle(signum: int, frame: FrameType | None) -> None:
+            log.info("received %s: finishing events in hand", signal.Signals(signum).name)
+            self.stop()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    # Outbox.
+
+    def _run_outbox_of(self, event_pk: int) -> None:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(self.q.pending_outbox_of_event), {"event_pk": event_pk}
+            ).all()
+        for row in rows:
+            self._send(row)
+
+    def _sweep_outbox(self) -> None:
+        """Run staged actions whose first runner died or failed."""
+        try:
+            with self.engine.begin() as conn:
+                rows = conn.execute(sa.text(self.q.claim_outbox), self._params(n=50)).all()
+        except sa.exc.OperationalError as exc:
+            log.warning("outbox sweep failed: %s", exc.orig)
+            return
+        for row in rows:
+            self._send(row)
+
+    def _send(self, row: Any) -> None:
+        action = self.app.handlers.actions.get(row.action)
+        key = f"oo-outbox-{row.id}"
+        try:
+            if action is None:
+                raise LookupError(f"no outbox action named {row.action!r} is registered")
+            result = action(json.loads(row.payload), key)
+            if asyncio.iscoroutine(result):
+                self._loop().run_until_complete(result)
+        except Exception as exc:
+            attempt = row.attempts + 1
+            dead = attempt >= self.app.max_attempts
+            log.warning("outbox %s (%s) failed: %s", row.id, row.action, exc)
+            with self.engine.begin() as conn:
+                conn.execute(
+                    sa.text(self.q.mark_outbox_failed),
+                    self._params(
+                        id=row.id,
+                        dead=dead,
+                        error=f"{type(exc).__name__}: {exc}"[:2000],
+                        delay=backoff(attempt, base=self.app.retry_base, cap=self.app.retry_cap),
+                    ),
+                )
+            return
+        with self.engine.begin() as conn:
+            conn.execute(sa.text(self.q.mark_sent), {"id": row.id})
+
+
+@contextlib.contextmanager
+def running(worker: Worker) -> Iterator[Worker]:
+    """Run `worker` in a background thread for the duration of a ``with`` block."""
+    thread = threading.Thread(
+        target=worker.run, kwargs={"install_signals": False}, name="onceonly-worker", daemon=True
+    )
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join()
