@@ -48,6 +48,7 @@ import sqlalchemy as sa
 from ._exceptions import OnceonlyError
 from .db import create_engine, engine_kind
 from .queries import QUERIES
+from .store import migrate_blocking
 
 __all__ = ["Guard", "JobInProgress", "Run"]
 
@@ -86,8 +87,10 @@ class Guard:
         engine: sa.Engine | None = None,
         lease_seconds: float = 300.0,
     ) -> None:
+        self.database_url = database_url
         self.engine = engine or create_engine(database_url)
         self.q = QUERIES[engine_kind(database_url)]
+        self._migrated = False
         self.lease = lease_seconds
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
 
@@ -96,6 +99,9 @@ class Guard:
 
     def _acquire(self, key: str) -> tuple[int | None, Any]:
         """(fence, None) when acquired; (None, recorded result) when already done."""
+        if not self._migrated:
+            migrate_blocking(self.database_url)  # a Celery worker may be first to run
+            self._migrated = True
         with self.engine.begin() as conn:
             fence = conn.execute(sa.text(self.q.job_claim), self._params(key=key)).scalar()
         if fence is not None:

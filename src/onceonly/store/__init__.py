@@ -12,7 +12,7 @@ from urllib.parse import parse_qs
 from .._exceptions import ConfigurationError
 from .base import Store
 
-__all__ = ["DEFAULT_DATABASE_URL", "Store", "create_store"]
+__all__ = ["DEFAULT_DATABASE_URL", "Store", "create_store", "migrate_blocking"]
 
 DEFAULT_DATABASE_URL = "sqlite:///onceonly.db"
 
@@ -45,3 +45,36 @@ def create_store(url: str, *, auto_migrate: bool = True) -> Store:
     raise ConfigurationError(
         f"unsupported database URL scheme {scheme!r}: use sqlite:/// or postgresql://"
     )
+
+
+def migrate_blocking(url: str) -> list[int]:
+    """Bring the schema at `url` up to date from synchronous code.
+
+    Runs on a short-lived thread with its own event loop, so it works whether
+    or not the caller is inside a running loop.
+    """
+    import asyncio
+    import threading
+
+    outcome: list[int] = []
+    failure: list[BaseException] = []
+
+    async def work() -> None:
+        store = create_store(url, auto_migrate=False)
+        try:
+            outcome.extend(await store.migrate())
+        finally:
+            await store.close()
+
+    def run() -> None:
+        try:
+            asyncio.run(work())
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="onceonly-migrate")
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return outcome
