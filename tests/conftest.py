@@ -40,15 +40,10 @@ async def _prepare_postgres() -> None:
 
 
 async def _reset_postgres() -> None:
+    """Empty the test database: it is ours alone, so drop everything in it."""
     conn = await asyncpg.connect(POSTGRES_URL, timeout=5)
     try:
-        tables = await conn.fetch(
-            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
-            " AND (tablename LIKE 'onceonly\\_%' OR tablename IN ('payments'))"
-        )
-        for row in tables:
-            await conn.execute(f'DROP TABLE IF EXISTS "{row["tablename"]}" CASCADE')
-        await conn.execute("DROP FUNCTION IF EXISTS onceonly_notify() CASCADE")
+        await conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
     finally:
         await conn.close()
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
+from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from ._exceptions import ConfigurationError, OnceonlyError
@@ -72,12 +73,23 @@ class Context:
     _lease: float
     _deferred_effects: list[dict[str, Any]] = field(default_factory=list)
     _session: Session | None = None
+    _staged: bool = False
+
+    _savepoint: bool = False
+    _listening: bool = False
 
     @property
     def session(self) -> Session:
-        """An ORM session on this transaction; flushed before the event is marked."""
+        """An ORM session on this transaction; flushed before the event is marked.
+
+        Use this rather than a ``Session`` of your own bound to
+        ``ctx.connection``: its ``rollback()`` undoes only its own work."""
         if self._session is None:
-            self._session = Session(bind=self.connection, expire_on_commit=False)
+            self._session = Session(
+                bind=self.connection,
+                expire_on_commit=False,
+                join_transaction_mode="create_savepoint",
+            )
         return self._session
 
     def effect_key(self, name: str) -> str:
@@ -148,8 +160,35 @@ class Context:
                 "lease": self._lease,
             },
         )
+        self._staged = True
 
     # Called by the worker.
+    #
+    # Several events share one transaction (one commit for the batch), so each
+    # handler's writes sit in a savepoint that a failure rolls back. The
+    # savepoint is opened lazily, just before the handler's first statement: a
+    # handler that never touches the database costs no round trip.
+
+    def _open(self) -> None:
+        event.listen(self.connection, "before_cursor_execute", self._before_statement)
+        self._listening = True
+
+    def _before_statement(self, conn: sa.Connection, cursor: Any, *args: Any) -> None:
+        if not self._savepoint:
+            # Straight on the driver connection: invisible to SQLAlchemy's
+            # bookkeeping and not re-entering this hook.
+            cursor.connection.execute("SAVEPOINT onceonly_handler")
+            self._savepoint = True
+
+    def _finish(self, *, success: bool) -> None:
+        if self._listening:
+            event.remove(self.connection, "before_cursor_execute", self._before_statement)
+            self._listening = False
+        if self._savepoint:
+            if not success:
+                self.connection.exec_driver_sql("ROLLBACK TO SAVEPOINT onceonly_handler")
+            self.connection.exec_driver_sql("RELEASE SAVEPOINT onceonly_handler")
+            self._savepoint = False
 
     def _flush(self) -> None:
         if self._session is not None:

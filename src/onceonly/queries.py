@@ -20,8 +20,9 @@ _EVENT_COLUMNS = (
 class Queries:
     #: Claim up to :n due events (new, failed and due, or leased by a dead worker).
     claim: str
-    #: Inside the processing transaction: re-read the lease (and lock the row on PostgreSQL).
-    lock_event: str
+    #: Inside the processing transaction: re-read the leases of a batch (and lock
+    #: the rows on PostgreSQL).
+    lock_events: str
     mark_processed: str
     #: Record a failure: back to 'failed' with run_after in :delay seconds, or 'dead'.
     mark_failed: str
@@ -65,11 +66,14 @@ _POSTGRES = Queries(
         FROM due WHERE e.id = due.id
         RETURNING e.{_EVENT_COLUMNS.replace(", ", ", e.")}
     """,
-    # NO KEY UPDATE, not UPDATE: the effect ledger inserts rows referencing this
-    # event from another connection, and their foreign-key check takes KEY SHARE,
+    # NO KEY UPDATE, not UPDATE: the effect ledger inserts rows referencing these
+    # events from another connection, and their foreign-key check takes KEY SHARE,
     # which FOR UPDATE would block (a deadlock across our own two connections).
-    # Claims still skip the row: FOR UPDATE conflicts with NO KEY UPDATE.
-    lock_event="SELECT fence, status FROM onceonly_events WHERE id = :id FOR NO KEY UPDATE",
+    # Claims still skip the rows: FOR UPDATE conflicts with NO KEY UPDATE.
+    lock_events="""
+        SELECT id, fence, status FROM onceonly_events WHERE id = ANY(:ids)
+        ORDER BY id FOR NO KEY UPDATE
+    """,
     mark_processed="""
         UPDATE onceonly_events SET status = 'processed', processed_at = now(),
             handler = :handler, lease_owner = NULL, lease_expires_at = NULL, last_error = NULL
@@ -186,7 +190,10 @@ _SQLITE = Queries(
         RETURNING {_EVENT_COLUMNS}
     """,
     # BEGIN IMMEDIATE already holds the database's write lock.
-    lock_event="SELECT fence, status FROM onceonly_events WHERE id = :id",
+    lock_events="""
+        SELECT id, fence, status FROM onceonly_events
+        WHERE id IN (SELECT value FROM json_each(:ids_json))
+    """,
     mark_processed="""
         UPDATE onceonly_events SET status = 'processed',
             processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'),

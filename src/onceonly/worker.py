@@ -47,6 +47,7 @@ import sqlalchemy as sa
 from ._exceptions import OnceonlyError
 from .context import Context
 from .events import Event, EventStatus
+from .outbox import OutboxRunner
 from .queries import QUERIES
 
 if TYPE_CHECKING:
@@ -110,8 +111,8 @@ class Worker:
             raise ValueError("concurrency must be at least 1")
         self.app = app
         self.concurrency = concurrency
-        # Claim a little ahead so a thread never waits on a round trip.
-        self.batch_size = batch_size or concurrency * 2
+        # Events per processing transaction, at most: one commit serves them all.
+        self.batch_size = batch_size or 32
         self.poll_interval = min(poll_interval, 1.0)
         self.lease = app.lease_seconds
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:x}"
@@ -122,10 +123,20 @@ class Worker:
         self._wake = threading.Event()
         self._held: dict[int, Claimed] = {}
         self._started: set[int] = set()
+        self._busy = 0  # chunks being processed
         self._lock = threading.Lock()
         self._loops = threading.local()
         self.processed = 0
         self.failed = 0
+        self.outbox = OutboxRunner(
+            self.engine,
+            self.q,
+            app.handlers.actions,
+            lease=self.lease,
+            max_attempts=app.max_attempts,
+            delay=self._delay,
+            loop=self._loop,
+        )
 
     # Public.
 
@@ -139,32 +150,33 @@ class Worker:
         if install_signals:
             self._install_signals()
         log.info("worker %s: concurrency %d, lease %.0f s", self.name, self.concurrency, self.lease)
-        keeper = threading.Thread(target=self._keep_leases, name="onceonly-leases", daemon=True)
-        keeper.start()
-        listener = None
+        threading.Thread(target=self._keep_leases, name="onceonly-leases", daemon=True).start()
         if self.kind == "postgresql":
-            listener = threading.Thread(target=self._listen, name="onceonly-listen", daemon=True)
-            listener.start()
+            threading.Thread(target=self._listen, name="onceonly-listen", daemon=True).start()
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="onceonly-handler")
-        next_outbox_sweep = 0.0
+        next_sweep = 0.0
         try:
             while not self._stop.is_set():
-                room = self.batch_size + self.concurrency - len(self._held)
-                claimed = self._claim(min(room, self.batch_size)) if room > 0 else []
-                for item in claimed:
-                    with self._lock:
-                        self._held[item.event.id] = item
-                    pool.submit(self._run_one, item).add_done_callback(self._done)
-                if time.monotonic() >= next_outbox_sweep:
-                    self._sweep_outbox()
-                    next_outbox_sweep = time.monotonic() + 2.0
-                if claimed and len(claimed) == min(room, self.batch_size):
-                    continue  # there may be more waiting
+                idle_threads = self.concurrency - self._busy
+                claimed = self._claim(idle_threads * self.batch_size) if idle_threads else []
+                # Spread the claim over the idle threads: each runs its share in
+                # one transaction (one commit, one fsync for the lot).
+                for chunk in (claimed[i::idle_threads] for i in range(idle_threads)):
+                    if chunk:
+                        with self._lock:
+                            self._busy += 1
+                            self._held.update({c.event.id: c for c in chunk})
+                        pool.submit(self._run_chunk, chunk).add_done_callback(self._done)
+                if time.monotonic() >= next_sweep:
+                    self.outbox.sweep()
+                    next_sweep = time.monotonic() + 2.0
+                if claimed and len(claimed) == idle_threads * self.batch_size:
+                    continue  # more may be due
                 self._wake.wait(self.poll_interval)
                 self._wake.clear()
         finally:
-            # Graceful: events not yet started go back to the queue at once;
-            # the ones being handled finish.
+            # Graceful: chunks not yet started go back to the queue at once; the
+            # ones being handled finish.
             pool.shutdown(wait=False, cancel_futures=True)
             self._release_unstarted()
             pool.shutdown(wait=True)
@@ -182,8 +194,7 @@ class Worker:
             idle_since: float | None = None
             while time.monotonic() < deadline:
                 time.sleep(0.05)
-                busy = bool(self._held) or self._due_count() > 0
-                if busy:
+                if self._held or self._due_count() > 0:
                     idle_since = None
                 elif idle_since is None:
                     idle_since = time.monotonic()
@@ -204,7 +215,7 @@ class Worker:
                 rows = conn.execute(sa.text(self.q.claim), self._params(n=n)).all()
         except sa.exc.OperationalError as exc:
             log.warning("claim failed (will retry): %s", exc.orig)
-            time.sleep(min(1.0, self.poll_interval))
+            self._stop.wait(min(1.0, self.poll_interval))
             return []
         return [Claimed(_event_from_row(row), row.fence) for row in rows]
 
@@ -219,9 +230,11 @@ class Worker:
             return int(conn.execute(sa.text(sql), {"now": time.time()}).scalar_one())
 
     def _done(self, future: Future[None]) -> None:
+        with self._lock:
+            self._busy -= 1
         self._wake.set()
 
-    # Processing one event.
+    # Processing.
 
     def _loop(self) -> asyncio.AbstractEventLoop:
         loop: asyncio.AbstractEventLoop | None = getattr(self._loops, "loop", None)
@@ -230,71 +243,93 @@ class Worker:
             self._loops.loop = loop
         return loop
 
-    def _run_one(self, item: Claimed) -> None:
-        event = item.event
+    def _run_chunk(self, chunk: list[Claimed]) -> None:
+        ids = [c.event.id for c in chunk]
         with self._lock:
-            self._started.add(event.id)
+            self._started.update(ids)
         try:
-            self._process(item)
-        except Exception:  # never let one event kill the worker thread
-            log.exception("event %s: unexpected error in the worker", event.id)
+            self._process_batch(chunk)
+        except Exception:  # never let one batch kill the worker thread
+            log.exception("events %s: unexpected error in the worker; leases will expire", ids)
         finally:
             with self._lock:
-                self._held.pop(event.id, None)
-                self._started.discard(event.id)
+                for i in ids:
+                    self._held.pop(i, None)
+                    self._started.discard(i)
 
     def _process(self, item: Claimed) -> None:
-        event = item.event
-        registration = self.app.handlers.resolve(event.provider, event.event_type)
-        if event.attempts > self.app.max_attempts:
-            # Claimed again after workers died on it max_attempts times.
-            self._fail(item, RuntimeError("the worker died during every attempt"), None)
-            return
-        ctx: Context | None = None
+        """Process one claimed event (a batch of one)."""
+        self._process_batch([item])
+
+    def _process_batch(self, batch: list[Claimed]) -> None:
+        """Run a batch of claimed events in one transaction, one savepoint each.
+
+        Each handler's writes and its event's mark commit together (the same
+        commit); a handler that raises rolls back to its savepoint, so its writes
+        vanish and the others' stay. One commit serves the whole batch.
+        """
+        contexts: list[Context] = []
+        processed: list[tuple[Claimed, str]] = []
+        failures: list[tuple[Claimed, Exception, str | None]] = []
         try:
             with self.engine.begin() as conn:
-                row = conn.execute(sa.text(self.q.lock_event), {"id": event.id}).first()
-                if row is None or row.fence != item.fence or row.status != "processing":
-                    raise LeaseLost(f"event {event.id}: lease lost before processing")
-                ctx = Context(
-                    event=event,
-                    connection=conn,
-                    attempt=event.attempts,
-                    _engine=self.engine,
-                    _queries=self.q,
-                    _kind=self.kind,
-                    _actions=frozenset(self.app.handlers.actions),
-                    _lease=self.lease,
-                )
-                if registration is not None:
-                    if registration.is_async:
-                        self._loop().run_until_complete(registration.handler(event, ctx))
+                current = {
+                    row.id: row
+                    for row in conn.execute(
+                        sa.text(self.q.lock_events),
+                        {
+                            "ids": [c.event.id for c in batch],
+                            "ids_json": json.dumps([c.event.id for c in batch]),
+                        },
+                    )
+                }
+                for item in batch:
+                    row = current.get(item.event.id)
+                    if row is None or row.fence != item.fence or row.status != "processing":
+                        log.warning(
+                            "event %s: lease lost before processing; the new owner will finish it",
+                            item.event.id,
+                        )
+                        continue
+                    outcome = self._handle(conn, item, contexts)
+                    if isinstance(outcome, tuple):
+                        failures.append((item, *outcome))
                     else:
-                        registration.handler(event, ctx)
-                    ctx._flush()
-                handled_by = registration.name if registration else "(no handler registered)"
-                marked = conn.execute(
-                    sa.text(self.q.mark_processed),
-                    {"id": event.id, "fence": item.fence, "handler": handled_by},
-                )
-                if marked.rowcount != 1:
-                    raise LeaseLost(f"event {event.id}: lease lost while processing")
-                self._attempt(conn, item, "processed")
-        except LeaseLost as exc:
-            log.warning("%s; the new owner will finish it", exc)
-            if ctx is not None:
+                        processed.append((item, outcome))
+                if processed:
+                    # The rows were locked and their fences checked above, and
+                    # nobody can change a locked row: these updates all land.
+                    conn.execute(
+                        sa.text(self.q.mark_processed),
+                        [{"id": i.event.id, "fence": i.fence, "handler": h} for i, h in processed],
+                    )
+                    conn.execute(
+                        sa.text(self.q.insert_attempt),
+                        [self._attempt_row(i, "processed") for i, _ in processed],
+                    )
+                for item, exc, handler in failures:
+                    self._record_failure(conn, item, exc, handler)
+        finally:
+            for ctx in contexts:
                 ctx._close()
                 ctx._write_deferred_effects()
-            return
-        except Exception as exc:
-            if ctx is not None:
-                ctx._close()
-                ctx._write_deferred_effects()
-            self._fail(item, exc, registration.name if registration else None)
-            return
-        ctx._close()
-        ctx._write_deferred_effects()
-        self.processed += 1
+        self.processed += len(processed)
+        self.failed += len(failures)
+        staged = [c.event.id for c in contexts if c._staged]
+        if staged:
+            self.outbox.run_for(staged)
+
+    def _handle(
+        self, conn: sa.Connection, item: Claimed, contexts: list[Context]
+    ) -> str | tuple[Exception, str | None]:
+        """Run one event's handler in a savepoint: the handler's name on
+        success, (error, handler name) on failure."""
+        event = item.event
+        registration = self.app.handlers.resolve(event.provider, event.event_type)
+        name = registration.name if registration else None
+        if event.attempts > self.app.max_attempts:
+            # Claimed again after workers died on it max_attempts times.
+            return RuntimeError("the worker died during every attempt"), name
         if registration is None:
             log.info(
                 "event %s (%s %s): no handler registered; marked processed",
@@ -302,29 +337,59 @@ class Worker:
                 event.provider,
                 event.event_type,
             )
-        self._run_outbox_of(event.id)
-
-    def _attempt(
-        self, conn: sa.Connection, item: Claimed, outcome: str, exc: BaseException | None = None
-    ) -> None:
-        conn.execute(
-            sa.text(self.q.insert_attempt),
-            {
-                "event_pk": item.event.id,
-                "attempt": item.event.attempts,
-                "worker": self.name,
-                "outcome": outcome,
-                "error_type": type(exc).__qualname__ if exc else None,
-                "error_message": str(exc)[:2000] if exc else None,
-                "traceback": "".join(traceback.format_exception(exc))[-8000:] if exc else None,
-            },
+            return "(no handler registered)"
+        ctx = Context(
+            event=event,
+            connection=conn,
+            attempt=event.attempts,
+            _engine=self.engine,
+            _queries=self.q,
+            _kind=self.kind,
+            _actions=frozenset(self.app.handlers.actions),
+            _lease=self.lease,
         )
+        contexts.append(ctx)
+        ctx._open()
+        try:
+            if registration.is_async:
+                self._loop().run_until_complete(registration.handler(event, ctx))
+            else:
+                registration.handler(event, ctx)
+            ctx._flush()
+        except Exception as exc:
+            ctx._close()
+            ctx._finish(success=False)
+            ctx._staged = False  # its outbox rows went with the savepoint
+            return exc, name
+        try:
+            ctx._finish(success=True)
+        except sa.exc.DBAPIError as exc:
+            # The handler left its savepoint unusable (say, it swallowed a
+            # database error): treat as a failure of this event only.
+            ctx._finish(success=False)
+            ctx._staged = False
+            return exc, name
+        return registration.name
 
-    def _fail(self, item: Claimed, exc: Exception, handler: str | None) -> None:
-        self.failed += 1
+    def _attempt_row(
+        self, item: Claimed, outcome: str, exc: BaseException | None = None
+    ) -> dict[str, Any]:
+        return {
+            "event_pk": item.event.id,
+            "attempt": item.event.attempts,
+            "worker": self.name,
+            "outcome": outcome,
+            "error_type": type(exc).__qualname__ if exc else None,
+            "error_message": str(exc)[:2000] if exc else None,
+            "traceback": "".join(traceback.format_exception(exc))[-8000:] if exc else None,
+        }
+
+    def _record_failure(
+        self, conn: sa.Connection, item: Claimed, exc: Exception, handler: str | None
+    ) -> None:
         attempt = item.event.attempts
         dead = attempt >= self.app.max_attempts
-        delay = 0.0 if dead else backoff(attempt, base=self.app.retry_base, cap=self.app.retry_cap)
+        delay = 0.0 if dead else self._delay(attempt)
         log.warning(
             "event %s (%s) attempt %d/%d failed%s: %s: %s",
             item.event.id,
@@ -335,23 +400,23 @@ class Worker:
             type(exc).__name__,
             exc,
         )
-        try:
-            with self.engine.begin() as conn:
-                result = conn.execute(
-                    sa.text(self.q.mark_failed),
-                    self._params(
-                        id=item.event.id,
-                        fence=item.fence,
-                        dead=dead,
-                        delay=delay,
-                        error=f"{type(exc).__name__}: {exc}"[:2000],
-                    ),
-                )
-                if result.rowcount == 1:
-                    self._attempt(conn, item, "dead" if dead else "failed", exc)
-        except sa.exc.OperationalError as db_exc:
-            # The lease will run out and the event will be claimed again.
-            log.error("could not record the failure of event %s: %s", item.event.id, db_exc)
+        conn.execute(
+            sa.text(self.q.mark_failed),
+            self._params(
+                id=item.event.id,
+                fence=item.fence,
+                dead=dead,
+                delay=delay,
+                error=f"{type(exc).__name__}: {exc}"[:2000],
+            ),
+        )
+        conn.execute(
+            sa.text(self.q.insert_attempt),
+            self._attempt_row(item, "dead" if dead else "failed", exc),
+        )
+
+    def _delay(self, attempt: int) -> float:
+        return backoff(attempt, base=self.app.retry_base, cap=self.app.retry_cap)
 
     # Leases.
 
@@ -410,54 +475,6 @@ class Worker:
 
         signal.signal(signal.SIGTERM, handle)
         signal.signal(signal.SIGINT, handle)
-
-    # Outbox.
-
-    def _run_outbox_of(self, event_pk: int) -> None:
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                sa.text(self.q.pending_outbox_of_event), {"event_pk": event_pk}
-            ).all()
-        for row in rows:
-            self._send(row)
-
-    def _sweep_outbox(self) -> None:
-        """Run staged actions whose first runner died or failed."""
-        try:
-            with self.engine.begin() as conn:
-                rows = conn.execute(sa.text(self.q.claim_outbox), self._params(n=50)).all()
-        except sa.exc.OperationalError as exc:
-            log.warning("outbox sweep failed: %s", exc.orig)
-            return
-        for row in rows:
-            self._send(row)
-
-    def _send(self, row: Any) -> None:
-        action = self.app.handlers.actions.get(row.action)
-        key = f"oo-outbox-{row.id}"
-        try:
-            if action is None:
-                raise LookupError(f"no outbox action named {row.action!r} is registered")
-            result = action(json.loads(row.payload), key)
-            if asyncio.iscoroutine(result):
-                self._loop().run_until_complete(result)
-        except Exception as exc:
-            attempt = row.attempts + 1
-            dead = attempt >= self.app.max_attempts
-            log.warning("outbox %s (%s) failed: %s", row.id, row.action, exc)
-            with self.engine.begin() as conn:
-                conn.execute(
-                    sa.text(self.q.mark_outbox_failed),
-                    self._params(
-                        id=row.id,
-                        dead=dead,
-                        error=f"{type(exc).__name__}: {exc}"[:2000],
-                        delay=backoff(attempt, base=self.app.retry_base, cap=self.app.retry_cap),
-                    ),
-                )
-            return
-        with self.engine.begin() as conn:
-            conn.execute(sa.text(self.q.mark_sent), {"id": row.id})
 
 
 @contextlib.contextmanager

@@ -391,3 +391,36 @@ def test_claims_are_exclusive_under_racing_workers(database_url: str) -> None:
     ids = [c.event.id for r in results for c in r]
     assert len(ids) == 200
     assert len(set(ids)) == 200
+
+
+def test_one_failing_handler_does_not_undo_the_others_in_its_batch(database_url: str) -> None:
+    app = make_app(database_url, max_attempts=1)
+    with app.engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE codes (code TEXT PRIMARY KEY)")
+
+    @app.handler("stripe")
+    def handler(event: Event, ctx: Context) -> None:
+        ctx.connection.execute(payments.insert().values(event_id=event.event_id))
+        if event.event_id.startswith("bad"):
+            raise RuntimeError("bad event")
+        if event.event_id.startswith("swallow"):
+            # A handler that hides a database error: on PostgreSQL the
+            # transaction is now unusable; only this event may pay for it.
+            try:
+                ctx.connection.exec_driver_sql("INSERT INTO codes VALUES ('taken')")
+            except sa.exc.IntegrityError:
+                pass
+
+    with app.engine.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO codes VALUES ('taken')")
+    ids = [f"good{i}" for i in range(10)] + ["bad1", "bad2", "swallow1"]
+    deliver(database_url, *ids)
+    Worker(app, concurrency=1, batch_size=50).run_until_idle()
+    final = statuses(app)
+    assert {e for e, s in final.items() if s == "processed"} >= {f"good{i}" for i in range(10)}
+    assert final["bad1"] == final["bad2"] == "dead"
+    assert [p for p in paid(app) if p.startswith("good")] == sorted(f"good{i}" for i in range(10))
+    assert not [p for p in paid(app) if p.startswith("bad")]
+    if app.engine_kind == "postgresql":
+        assert final["swallow1"] == "dead"
+        assert "swallow1" not in paid(app)
