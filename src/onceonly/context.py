@@ -41,7 +41,7 @@ from ._exceptions import ConfigurationError, OnceonlyError
 from .events import Event
 from .queries import Queries
 
-__all__ = ["Context", "EffectError", "effect_key"]
+__all__ = ["Context", "EffectError", "HandlerSavepoints", "effect_key"]
 
 T = TypeVar("T")
 
@@ -74,9 +74,6 @@ class Context:
     _deferred_effects: list[dict[str, Any]] = field(default_factory=list)
     _session: Session | None = None
     _staged: bool = False
-
-    _savepoint: bool = False
-    _listening: bool = False
 
     @property
     def session(self) -> Session:
@@ -163,32 +160,6 @@ class Context:
         self._staged = True
 
     # Called by the worker.
-    #
-    # Several events share one transaction (one commit for the batch), so each
-    # handler's writes sit in a savepoint that a failure rolls back. The
-    # savepoint is opened lazily, just before the handler's first statement: a
-    # handler that never touches the database costs no round trip.
-
-    def _open(self) -> None:
-        event.listen(self.connection, "before_cursor_execute", self._before_statement)
-        self._listening = True
-
-    def _before_statement(self, conn: sa.Connection, cursor: Any, *args: Any) -> None:
-        if not self._savepoint:
-            # Straight on the driver connection: invisible to SQLAlchemy's
-            # bookkeeping and not re-entering this hook.
-            cursor.connection.execute("SAVEPOINT onceonly_handler")
-            self._savepoint = True
-
-    def _finish(self, *, success: bool) -> None:
-        if self._listening:
-            event.remove(self.connection, "before_cursor_execute", self._before_statement)
-            self._listening = False
-        if self._savepoint:
-            if not success:
-                self.connection.exec_driver_sql("ROLLBACK TO SAVEPOINT onceonly_handler")
-            self.connection.exec_driver_sql("RELEASE SAVEPOINT onceonly_handler")
-            self._savepoint = False
 
     def _flush(self) -> None:
         if self._session is not None:
@@ -206,3 +177,57 @@ class Context:
             for params in self._deferred_effects:
                 conn.execute(sa.text(self._queries.record_effect), params)
         self._deferred_effects.clear()
+
+
+class HandlerSavepoints:
+    """A savepoint around each handler of a batch, opened only if it is needed.
+
+    Several events share one transaction (one commit for the batch), so each
+    handler's writes sit in a savepoint that its failure rolls back. The
+    savepoint is opened just before the handler's first statement: a handler
+    that never touches the database costs no round trip. One listener serves
+    the whole batch.
+    """
+
+    NAME = "onceonly_handler"
+
+    def __init__(self, connection: sa.Connection) -> None:
+        self.connection = connection
+        self._armed = False
+        self._open = False
+        event.listen(connection, "before_cursor_execute", self._before_statement)
+
+    def _before_statement(self, conn: sa.Connection, cursor: Any, *args: Any) -> None:
+        if self._armed and not self._open:
+            # Straight on the driver connection: invisible to SQLAlchemy's
+            # bookkeeping, and it does not re-enter this hook.
+            cursor.connection.execute(f"SAVEPOINT {self.NAME}")
+            self._open = True
+
+    def arm(self) -> None:
+        """A handler starts now."""
+        self._armed = True
+
+    def finish(self, *, success: bool) -> bool:
+        """The handler ended: keep its writes (True) or undo them (False).
+
+        A handler that returned normally can still have to be undone: one that
+        swallowed a database error leaves the savepoint unusable on PostgreSQL.
+        """
+        self._armed = False
+        if not self._open:
+            return success
+        if success:
+            try:
+                self.connection.exec_driver_sql(f"RELEASE SAVEPOINT {self.NAME}")
+                self._open = False
+                return True
+            except sa.exc.DBAPIError:
+                pass
+        self.connection.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {self.NAME}")
+        self.connection.exec_driver_sql(f"RELEASE SAVEPOINT {self.NAME}")
+        self._open = False
+        return False
+
+    def close(self) -> None:
+        event.remove(self.connection, "before_cursor_execute", self._before_statement)

@@ -18,8 +18,8 @@ holds, and on PostgreSQL the row lock taken in step 1 makes a running handler's
 event unclaimable even if its lease ran out (claims skip locked rows), so a slow
 handler never runs twice in parallel. A handler that raises rolls back; the
 event becomes ``failed`` with a retry time (exponential backoff with jitter),
-and after ``max_attempts`` it becomes ``dead``. Every attempt's error, type and
-traceback is kept in ``onceonly_attempts``.
+and after ``max_attempts`` it becomes ``dead``. Every failed attempt's error, type
+and traceback is kept in ``onceonly_attempts``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from ._exceptions import OnceonlyError
-from .context import Context
+from .context import Context, HandlerSavepoints
 from .events import Event, EventStatus
 from .outbox import OutboxRunner
 from .queries import QUERIES
@@ -104,7 +104,7 @@ class Worker:
         *,
         concurrency: int = 4,
         batch_size: int | None = None,
-        poll_interval: float = 1.0,
+        poll_interval: float | None = None,
         name: str | None = None,
     ) -> None:
         if concurrency < 1:
@@ -113,7 +113,11 @@ class Worker:
         self.concurrency = concurrency
         # Events per processing transaction, at most: one commit serves them all.
         self.batch_size = batch_size or 32
-        self.poll_interval = min(poll_interval, 1.0)
+        # PostgreSQL workers wake on NOTIFY and poll only as a fallback; SQLite
+        # has no notifications, and a claim that finds nothing is a cheap
+        # indexed read of a local file, so it polls often.
+        default_poll = 1.0 if app.engine_kind == "postgresql" else 0.1
+        self.poll_interval = min(poll_interval or default_poll, 1.0)
         self.lease = app.lease_seconds
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:x}"
         self.engine = app.engine
@@ -283,6 +287,7 @@ class Worker:
                         },
                     )
                 }
+                savepoints = HandlerSavepoints(conn)
                 for item in batch:
                     row = current.get(item.event.id)
                     if row is None or row.fence != item.fence or row.status != "processing":
@@ -291,7 +296,7 @@ class Worker:
                             item.event.id,
                         )
                         continue
-                    outcome = self._handle(conn, item, contexts)
+                    outcome = self._handle(conn, savepoints, item, contexts)
                     if isinstance(outcome, tuple):
                         failures.append((item, *outcome))
                     else:
@@ -303,10 +308,7 @@ class Worker:
                         sa.text(self.q.mark_processed),
                         [{"id": i.event.id, "fence": i.fence, "handler": h} for i, h in processed],
                     )
-                    conn.execute(
-                        sa.text(self.q.insert_attempt),
-                        [self._attempt_row(i, "processed") for i, _ in processed],
-                    )
+                savepoints.close()
                 for item, exc, handler in failures:
                     self._record_failure(conn, item, exc, handler)
         finally:
@@ -320,7 +322,11 @@ class Worker:
             self.outbox.run_for(staged)
 
     def _handle(
-        self, conn: sa.Connection, item: Claimed, contexts: list[Context]
+        self,
+        conn: sa.Connection,
+        savepoints: HandlerSavepoints,
+        item: Claimed,
+        contexts: list[Context],
     ) -> str | tuple[Exception, str | None]:
         """Run one event's handler in a savepoint: the handler's name on
         success, (error, handler name) on failure."""
@@ -349,7 +355,7 @@ class Worker:
             _lease=self.lease,
         )
         contexts.append(ctx)
-        ctx._open()
+        savepoints.arm()
         try:
             if registration.is_async:
                 self._loop().run_until_complete(registration.handler(event, ctx))
@@ -358,17 +364,15 @@ class Worker:
             ctx._flush()
         except Exception as exc:
             ctx._close()
-            ctx._finish(success=False)
+            savepoints.finish(success=False)
             ctx._staged = False  # its outbox rows went with the savepoint
             return exc, name
-        try:
-            ctx._finish(success=True)
-        except sa.exc.DBAPIError as exc:
-            # The handler left its savepoint unusable (say, it swallowed a
-            # database error): treat as a failure of this event only.
-            ctx._finish(success=False)
+        if not savepoints.finish(success=True):
             ctx._staged = False
-            return exc, name
+            return RuntimeError(
+                "the handler swallowed a database error that aborted its writes; "
+                "they were rolled back"
+            ), name
         return registration.name
 
     def _attempt_row(
