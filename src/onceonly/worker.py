@@ -3,18 +3,19 @@
 The event row is the job. A worker claims a batch of due events in one
 statement (``FOR UPDATE SKIP LOCKED`` on PostgreSQL; one ``UPDATE ...
 RETURNING`` on SQLite), which sets ``status='processing'``, its own name as
-``lease_owner``, a lease expiry, and bumps ``fence``. Each event then runs in
-its own transaction:
+``lease_owner``, a lease expiry, and bumps ``fence``. Each worker thread then
+runs its share of the claim in one transaction:
 
-1. re-read the row (locking it on PostgreSQL): if ``fence`` changed, the lease
-   was lost and another worker owns the event: stop, write nothing;
-2. run the handler on that transaction's connection;
-3. ``UPDATE ... SET status='processed' WHERE id=? AND fence=?`` and commit.
+1. re-read the rows (locking them on PostgreSQL): an event whose ``fence``
+   changed was lost to another worker: skip it, write nothing for it;
+2. run each handler on that transaction's connection, inside a savepoint
+   that its failure rolls back;
+3. ``UPDATE ... SET status='processed' WHERE id=? AND fence=?`` and commit once.
 
 So the handler's writes and the mark commit together (G3). A worker killed
 with SIGKILL leaves ``processing`` rows whose lease runs out; any worker then
 claims them again. A live worker keeps extending the leases of the events it
-holds, and on PostgreSQL the row lock taken in step 1 makes a running handler's
+holds, and on PostgreSQL the row locks taken in step 1 makes a running handler's
 event unclaimable even if its lease ran out (claims skip locked rows), so a slow
 handler never runs twice in parallel. A handler that raises rolls back; the
 event becomes ``failed`` with a retry time (exponential backoff with jitter),
