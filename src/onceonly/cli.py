@@ -115,6 +115,20 @@ def main() -> None:
     show_default=True,
     help="Log every request (costs throughput).",
 )
+@click.option(
+    "--worker/--no-worker",
+    "with_worker",
+    default=False,
+    show_default=True,
+    help="Also run a worker in this process (a one-process set-up).",
+)
+@click.option(
+    "--concurrency",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 256),
+    help="Handler threads of the in-process worker.",
+)
 @_fail_cleanly
 def serve(
     app_spec: str | None,
@@ -281,9 +295,13 @@ def list_events(
     if not found:
         console.print("no events")
         return
+    # The last error earns a column only when something failed.
+    with_errors = any(e.last_error for e in found)
     table = Table("id", "provider", "event id", "type", "status", "attempts", "received at")
+    if with_errors:
+        table.add_column("last error")
     for e in found:
-        table.add_row(
+        cells = [
             str(e.id),
             e.provider,
             e.event_id,
@@ -291,7 +309,8 @@ def list_events(
             e.status.value,
             str(e.attempts),
             e.received_at.strftime("%Y-%m-%d %H:%M:%S"),
-        )
+        ]
+        table.add_row(*cells, *([e.last_error or "-"] if with_errors else []))
     console.print(table)
 
 

@@ -1,0 +1,124 @@
+"""``onceonly serve --worker``: receive and process in one process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from support import STRIPE_SECRET, free_port, stripe_delivery
+
+APP = """
+import sqlalchemy as sa
+from onceonly import Onceonly
+
+app = Onceonly(retry_base=0.05, max_attempts=2)
+payments = sa.table("payments", sa.column("event_id"))
+
+@app.handler("stripe", "payment_intent.succeeded")
+def record(event, ctx):
+    ctx.connection.execute(payments.insert().values(event_id=event.event_id))
+
+@app.handler("stripe", "charge.failed")
+def broken(event, ctx):
+    raise LookupError("customer 42 not found")
+"""
+
+
+def test_serve_with_worker_processes_what_it_receives(database_url: str, tmp_path: Path) -> None:
+    (tmp_path / "shop.py").write_text(APP)
+    env = {
+        **os.environ,
+        "ONCEONLY_DATABASE_URL": database_url,
+        "ONCEONLY_STRIPE_SECRET": STRIPE_SECRET,
+        "PYTHONPATH": str(tmp_path),
+    }
+    onceonly = [sys.executable, "-m", "onceonly.cli"]
+    subprocess.run([*onceonly, "migrate"], env=env, cwd=tmp_path, check=True)
+    import sqlalchemy as sa
+
+    from onceonly.db import create_engine
+
+    engine = create_engine(database_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE payments (event_id TEXT NOT NULL)")
+    port = free_port()
+    server = subprocess.Popen(
+        [*onceonly, "serve", "--worker", "--app", "shop:app", "--port", str(port)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert server.poll() is None, "server exited"
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.1)
+        with httpx.Client() as client:
+            for event_id, kind in [
+                ("evt_a", "payment_intent.succeeded"),
+                ("evt_b", "payment_intent.succeeded"),
+                ("evt_c", "charge.failed"),
+            ]:
+                body, headers = stripe_delivery(event_id, event_type=kind)
+                for _ in range(2):  # every delivery twice, as gateways do
+                    response = client.post(f"{url}/webhooks/stripe", content=body, headers=headers)
+                    assert response.status_code == 200
+        deadline = time.monotonic() + 20
+        listing: list[dict[str, object]] = []
+        while time.monotonic() < deadline:
+            out = subprocess.run(
+                [*onceonly, "events", "list", "--format", "json"],
+                env=env,
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+            )
+            listing = json.loads(out.stdout)
+            if {e["status"] for e in listing} <= {"processed", "dead"} and len(listing) == 3:
+                break
+            time.sleep(0.2)
+        by_id = {e["event_id"]: e for e in listing}
+        assert by_id["evt_a"]["status"] == by_id["evt_b"]["status"] == "processed"
+        assert by_id["evt_c"]["status"] == "dead"
+        assert by_id["evt_c"]["last_error"] == "LookupError: customer 42 not found"
+        with engine.connect() as conn:
+            paid = sorted(r[0] for r in conn.execute(sa.text("SELECT event_id FROM payments")))
+        assert paid == ["evt_a", "evt_b"]
+
+        failed = subprocess.run(
+            [*onceonly, "events", "list", "--status", "dead"],
+            env={**env, "COLUMNS": "200"},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+        )
+        assert "customer 42 not found" in failed.stdout
+        shown = subprocess.run(
+            [*onceonly, "events", "show", "stripe:evt_c"],
+            env={**env, "COLUMNS": "200"},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+        )
+        assert "LookupError" in shown.stdout
+        assert "last traceback" in shown.stdout
+        assert 'raise LookupError("customer 42 not found")' in shown.stdout
+    finally:
+        server.terminate()
+        server.communicate(timeout=20)
+        engine.dispose()
