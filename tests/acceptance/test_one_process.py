@@ -10,7 +10,9 @@ import time
 from pathlib import Path
 
 import httpx
+import sqlalchemy as sa
 
+from onceonly.db import create_engine
 from support import STRIPE_SECRET, free_port, stripe_delivery
 
 APP = """
@@ -30,6 +32,40 @@ def broken(event, ctx):
 """
 
 
+ONCEONLY = [sys.executable, "-m", "onceonly.cli"]
+
+
+def wait_healthy(url: str, server: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert server.poll() is None, "server exited"
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.1)
+
+
+def wait_settled(env: dict[str, str], cwd: Path, count: int) -> dict[str, dict[str, object]]:
+    """Poll `events list` until `count` events are all processed or dead."""
+    deadline = time.monotonic() + 20
+    while True:
+        out = subprocess.run(
+            [*ONCEONLY, "events", "list", "--format", "json"],
+            env=env,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+        )
+        listing = json.loads(out.stdout)
+        settled = {e["status"] for e in listing} <= {"processed", "dead"}
+        if (settled and len(listing) == count) or time.monotonic() > deadline:
+            return {e["event_id"]: e for e in listing}
+        time.sleep(0.2)
+
+
 def test_serve_with_worker_processes_what_it_receives(database_url: str, tmp_path: Path) -> None:
     (tmp_path / "shop.py").write_text(APP)
     env = {
@@ -37,37 +73,24 @@ def test_serve_with_worker_processes_what_it_receives(database_url: str, tmp_pat
         "ONCEONLY_DATABASE_URL": database_url,
         "ONCEONLY_STRIPE_SECRET": STRIPE_SECRET,
         "PYTHONPATH": str(tmp_path),
+        "COLUMNS": "200",
     }
-    onceonly = [sys.executable, "-m", "onceonly.cli"]
-    subprocess.run([*onceonly, "migrate"], env=env, cwd=tmp_path, check=True)
-    import sqlalchemy as sa
-
-    from onceonly.db import create_engine
-
+    subprocess.run([*ONCEONLY, "migrate"], env=env, cwd=tmp_path, check=True)
     engine = create_engine(database_url)
     with engine.begin() as conn:
         conn.exec_driver_sql("CREATE TABLE payments (event_id TEXT NOT NULL)")
     port = free_port()
     server = subprocess.Popen(
-        [*onceonly, "serve", "--worker", "--app", "shop:app", "--port", str(port)],
+        [*ONCEONLY, "serve", "--worker", "--app", "shop:app", "--port", str(port)],
         env=env,
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
+    url = f"http://127.0.0.1:{port}"
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert server.poll() is None, "server exited"
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.1)
+        wait_healthy(url, server)
         with httpx.Client() as client:
             for event_id, kind in [
                 ("evt_a", "payment_intent.succeeded"),
@@ -78,21 +101,7 @@ def test_serve_with_worker_processes_what_it_receives(database_url: str, tmp_pat
                 for _ in range(2):  # every delivery twice, as gateways do
                     response = client.post(f"{url}/webhooks/stripe", content=body, headers=headers)
                     assert response.status_code == 200
-        deadline = time.monotonic() + 20
-        listing: list[dict[str, object]] = []
-        while time.monotonic() < deadline:
-            out = subprocess.run(
-                [*onceonly, "events", "list", "--format", "json"],
-                env=env,
-                cwd=tmp_path,
-                capture_output=True,
-                text=True,
-            )
-            listing = json.loads(out.stdout)
-            if {e["status"] for e in listing} <= {"processed", "dead"} and len(listing) == 3:
-                break
-            time.sleep(0.2)
-        by_id = {e["event_id"]: e for e in listing}
+        by_id = wait_settled(env, tmp_path, 3)
         assert by_id["evt_a"]["status"] == by_id["evt_b"]["status"] == "processed"
         assert by_id["evt_c"]["status"] == "dead"
         assert by_id["evt_c"]["last_error"] == "LookupError: customer 42 not found"
@@ -100,24 +109,16 @@ def test_serve_with_worker_processes_what_it_receives(database_url: str, tmp_pat
             paid = sorted(r[0] for r in conn.execute(sa.text("SELECT event_id FROM payments")))
         assert paid == ["evt_a", "evt_b"]
 
-        failed = subprocess.run(
-            [*onceonly, "events", "list", "--status", "dead"],
-            env={**env, "COLUMNS": "200"},
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-        )
-        assert "customer 42 not found" in failed.stdout
-        shown = subprocess.run(
-            [*onceonly, "events", "show", "stripe:evt_c"],
-            env={**env, "COLUMNS": "200"},
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-        )
-        assert "LookupError" in shown.stdout
-        assert "last traceback" in shown.stdout
-        assert 'raise LookupError("customer 42 not found")' in shown.stdout
+        def cli(*args: str) -> str:
+            return subprocess.run(
+                [*ONCEONLY, *args], env=env, cwd=tmp_path, capture_output=True, text=True
+            ).stdout
+
+        assert "customer 42 not found" in cli("events", "list", "--status", "dead")
+        shown = cli("events", "show", "stripe:evt_c")
+        assert "LookupError" in shown
+        assert "last traceback" in shown
+        assert 'raise LookupError("customer 42 not found")' in shown
     finally:
         server.terminate()
         server.communicate(timeout=20)
