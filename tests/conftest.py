@@ -3,7 +3,7 @@
 ``ONCEONLY_TEST_ENGINES`` picks the engines (default ``sqlite,postgresql``).
 ``ONCEONLY_TEST_POSTGRES_URL`` names the server (default
 ``postgresql://postgres@127.0.0.1:5432/test``); the tests use their own
-database, ``onceonly_test``, on it. When PostgreSQL is among the engines and
+database on it, ``onceonly_test_<pid>``, dropped at the end. When PostgreSQL is among the engines and
 cannot be reached, the run stops with an error: a PostgreSQL test must never be
 silently skipped.
 """
@@ -25,7 +25,9 @@ ENGINES = [
 ADMIN_URL = os.environ.get(
     "ONCEONLY_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
 )
-TEST_DB = "onceonly_test"
+# One database per test run, so two runs on one server (a developer's and CI's)
+# never empty each other's tables; dropped when the run ends.
+TEST_DB = f"onceonly_test_{os.getpid()}"
 POSTGRES_URL = urlunsplit(urlsplit(ADMIN_URL)._replace(path=f"/{TEST_DB}"))
 
 
@@ -59,6 +61,22 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             "ONCEONLY_TEST_ENGINES=sqlite to run the SQLite half only.",
             returncode=3,
         )
+
+
+async def _drop_postgres() -> None:
+    conn = await asyncpg.connect(ADMIN_URL, timeout=5)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{TEST_DB}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if "postgresql" in ENGINES:
+        try:
+            asyncio.run(_drop_postgres())
+        except (OSError, asyncpg.PostgresError, TimeoutError):
+            pass  # the server went away; nothing left to clean
 
 
 def pytest_report_header() -> str:
