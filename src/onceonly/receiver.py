@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
 from ._exceptions import BodyTooLarge, DeliveryRejected, StoreError
+from .asgi import Receive, Scope, Send, lower_headers, send_problem, send_response
 from .events import Delivery
 
 if TYPE_CHECKING:
@@ -42,15 +42,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Receiver"]
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 log = logging.getLogger("onceonly.receiver")
 
 _JSON = (b"content-type", b"application/json")
-_PROBLEM = (b"content-type", b"application/problem+json")
 
 
 class Receiver:
@@ -111,19 +106,19 @@ class Receiver:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         provider = self._route(scope)
         if provider is None:
-            await _problem(send, 404, "not-found", "Not Found", "no such route")
+            await send_problem(send, 404, "not-found", "Not Found", "no such route")
             return
         if provider == "":
             await self._health(send)
             return
         if scope["method"] != "POST":
-            await _problem(
+            await send_problem(
                 send, 405, "method", "Method Not Allowed", "use POST", [(b"allow", b"POST")]
             )
             return
         try:
             self.inbox.provider(provider)  # 404 before reading the body
-            headers = _headers(scope)
+            headers = lower_headers(scope)
             body = await self._read_body(headers, receive)
             if body is None:
                 return  # the client disconnected; there is nobody to answer
@@ -136,13 +131,13 @@ class Receiver:
             receipt = await self.inbox.receive(delivery)
         except DeliveryRejected as exc:
             log.debug("rejected delivery to %s: %s", provider, exc.detail)
-            await _problem(
+            await send_problem(
                 send, exc.status, exc.reason, _TITLES.get(exc.reason, "Rejected"), exc.detail
             )
             return
         except StoreError as exc:
             log.warning("database unavailable, answering 503: %s", exc)
-            await _problem(
+            await send_problem(
                 send,
                 503,
                 "unavailable",
@@ -152,7 +147,7 @@ class Receiver:
             )
             return
         duplicate = b"true" if receipt.duplicate else b"false"
-        await _send(
+        await send_response(
             send,
             200,
             b'{"received":true,"duplicate":' + duplicate + b"}",
@@ -183,7 +178,7 @@ class Receiver:
             await self.inbox.store.open()
             version = await self.inbox.store.schema_version()
         except StoreError as exc:
-            await _problem(
+            await send_problem(
                 send,
                 503,
                 "unavailable",
@@ -195,7 +190,7 @@ class Receiver:
         body = json.dumps(
             {"status": "ok", "engine": self.inbox.store.engine, "schema_version": version}
         ).encode()
-        await _send(send, 200, body, [_JSON])
+        await send_response(send, 200, body, [_JSON])
 
 
 _TITLES = {
@@ -205,43 +200,3 @@ _TITLES = {
     "too-large": "Payload Too Large",
     "rejected": "Rejected",
 }
-
-
-def _headers(scope: Scope) -> dict[str, str]:
-    headers: dict[str, str] = {}
-    for raw_name, raw_value in scope["headers"]:
-        name = raw_name.decode("latin-1").lower()
-        value = raw_value.decode("latin-1")
-        headers[name] = f"{headers[name]}, {value}" if name in headers else value
-    return headers
-
-
-async def _send(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [*headers, (b"content-length", str(len(body)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _problem(
-    send: Send,
-    status: int,
-    reason: str,
-    title: str,
-    detail: str,
-    extra: list[tuple[bytes, bytes]] | None = None,
-) -> None:
-    """An RFC 9457 problem document."""
-    body = json.dumps(
-        {
-            "type": f"urn:onceonly:problem:{reason}",
-            "title": title,
-            "status": status,
-            "detail": detail,
-        }
-    ).encode()
-    await _send(send, status, body, [_PROBLEM, *(extra or [])])

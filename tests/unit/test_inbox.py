@@ -42,7 +42,7 @@ def new_event(event_id: str) -> NewEvent:
 
 async def test_deliveries_arriving_during_a_commit_share_the_next_one() -> None:
     store = SlowStore()
-    commits = GroupCommit(store)
+    commits = GroupCommit(store.insert_events)
     first = asyncio.create_task(commits.submit(new_event("e0")))
     while not store.batch_sizes:  # until the first commit is in flight
         await asyncio.sleep(0)
@@ -56,7 +56,7 @@ async def test_deliveries_arriving_during_a_commit_share_the_next_one() -> None:
 
 async def test_a_lone_delivery_commits_at_once() -> None:
     store = SlowStore()
-    commits = GroupCommit(store)
+    commits = GroupCommit(store.insert_events)
     await commits.submit(new_event("only"))
     await commits.submit(new_event("next"))
     assert store.batch_sizes == [1, 1]
@@ -64,7 +64,7 @@ async def test_a_lone_delivery_commits_at_once() -> None:
 
 async def test_batches_are_capped() -> None:
     store = SlowStore()
-    commits = GroupCommit(store, max_batch=10)
+    commits = GroupCommit(store.insert_events, max_batch=10)
     await asyncio.gather(*(commits.submit(new_event(f"e{i}")) for i in range(31)))
     assert max(store.batch_sizes) == 10
     assert sum(store.batch_sizes) == 31
@@ -72,7 +72,7 @@ async def test_batches_are_capped() -> None:
 
 async def test_a_failed_commit_fails_every_delivery_in_it_and_the_next_ones_proceed() -> None:
     store = SlowStore()
-    commits = GroupCommit(store)
+    commits = GroupCommit(store.insert_events)
     store.unavailable = True
     results = await asyncio.gather(
         *(commits.submit(new_event(f"e{i}")) for i in range(5)), return_exceptions=True
@@ -84,7 +84,7 @@ async def test_a_failed_commit_fails_every_delivery_in_it_and_the_next_ones_proc
 
 async def test_a_cancelled_waiter_does_not_break_the_batch() -> None:
     store = SlowStore()
-    commits = GroupCommit(store)
+    commits = GroupCommit(store.insert_events)
     first = asyncio.create_task(commits.submit(new_event("a")))
     waiting = asyncio.create_task(commits.submit(new_event("b")))
     await asyncio.sleep(0)

@@ -135,6 +135,42 @@ MIGRATIONS: dict[str, tuple[Migration, ...]] = {
                 )""",
             ),
         ),
+        Migration(
+            3,
+            "Idempotency-Key records",
+            (
+                # Times are unix seconds from the application (REAL): the
+                # middleware compares them with its own clock.
+                """CREATE TABLE onceonly_idempotency_keys (
+                    scope TEXT NOT NULL,
+                    key TEXT NOT NULL,
+                    fingerprint TEXT NOT NULL,
+                    status TEXT NOT NULL CHECK (status IN ('running', 'done')),
+                    fence INTEGER NOT NULL DEFAULT 1,
+                    locked_until REAL,
+                    expires_at REAL NOT NULL,
+                    response_status INTEGER,
+                    response_headers TEXT,
+                    response_body BLOB,
+                    chunked INTEGER NOT NULL DEFAULT 0,
+                    created_at REAL NOT NULL,
+                    completed_at REAL,
+                    PRIMARY KEY (scope, key)
+                )""",
+                "CREATE INDEX onceonly_idempotency_keys_expiry_idx"
+                " ON onceonly_idempotency_keys (expires_at)",
+                """CREATE TABLE onceonly_idempotency_chunks (
+                    scope TEXT NOT NULL,
+                    key TEXT NOT NULL,
+                    fence INTEGER NOT NULL,
+                    seq INTEGER NOT NULL,
+                    data BLOB NOT NULL,
+                    PRIMARY KEY (scope, key, fence, seq),
+                    FOREIGN KEY (scope, key) REFERENCES onceonly_idempotency_keys (scope, key)
+                        ON DELETE CASCADE
+                )""",
+            ),
+        ),
     ),
     "postgresql": (
         Migration(
@@ -228,6 +264,40 @@ MIGRATIONS: dict[str, tuple[Migration, ...]] = {
                 END $$""",
                 "CREATE TRIGGER onceonly_events_notify AFTER INSERT ON onceonly_events"
                 " FOR EACH STATEMENT EXECUTE FUNCTION onceonly_notify()",
+            ),
+        ),
+        Migration(
+            3,
+            "Idempotency-Key records",
+            (
+                """CREATE TABLE onceonly_idempotency_keys (
+                    scope TEXT NOT NULL,
+                    key TEXT NOT NULL,
+                    fingerprint TEXT NOT NULL,
+                    status TEXT NOT NULL CHECK (status IN ('running', 'done')),
+                    fence BIGINT NOT NULL DEFAULT 1,
+                    locked_until DOUBLE PRECISION,
+                    expires_at DOUBLE PRECISION NOT NULL,
+                    response_status INTEGER,
+                    response_headers TEXT,
+                    response_body BYTEA,
+                    chunked BOOLEAN NOT NULL DEFAULT false,
+                    created_at DOUBLE PRECISION NOT NULL,
+                    completed_at DOUBLE PRECISION,
+                    PRIMARY KEY (scope, key)
+                )""",
+                "CREATE INDEX onceonly_idempotency_keys_expiry_idx"
+                " ON onceonly_idempotency_keys (expires_at)",
+                """CREATE TABLE onceonly_idempotency_chunks (
+                    scope TEXT NOT NULL,
+                    key TEXT NOT NULL,
+                    fence BIGINT NOT NULL,
+                    seq INTEGER NOT NULL,
+                    data BYTEA NOT NULL,
+                    PRIMARY KEY (scope, key, fence, seq),
+                    FOREIGN KEY (scope, key) REFERENCES onceonly_idempotency_keys (scope, key)
+                        ON DELETE CASCADE
+                )""",
             ),
         ),
     ),

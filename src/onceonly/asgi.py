@@ -1,0 +1,60 @@
+"""ASGI types and the two ways onceonly answers: JSON and RFC 9457 problems."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+__all__ = ["ASGIApp", "Receive", "Scope", "Send", "lower_headers", "send_problem", "send_response"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_PROBLEM = (b"content-type", b"application/problem+json")
+
+
+def lower_headers(scope: Scope) -> dict[str, str]:
+    """Request headers by lower-case name; repeated headers joined with ", "."""
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in scope["headers"]:
+        name = raw_name.decode("latin-1").lower()
+        value = raw_value.decode("latin-1")
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return headers
+
+
+async def send_response(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*headers, (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_problem(
+    send: Send,
+    status: int,
+    reason: str,
+    title: str,
+    detail: str,
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    """An RFC 9457 problem document; `reason` names its type."""
+    body = json.dumps(
+        {
+            "type": f"urn:onceonly:problem:{reason}",
+            "title": title,
+            "status": status,
+            "detail": detail,
+        }
+    ).encode()
+    await send_response(send, status, body, [_PROBLEM, *(extra or [])])

@@ -1,0 +1,89 @@
+"""The Idempotency-Key header, request fingerprints and client scopes."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+
+__all__ = ["ClientScope", "InvalidKey", "by_header", "fingerprint", "parse_key"]
+
+MAX_KEY_LENGTH = 255
+
+
+class InvalidKey(ValueError):
+    """The header is present but is not a usable key."""
+
+
+def parse_key(raw: str) -> str:
+    """The key from an ``Idempotency-Key`` header value.
+
+    The draft makes it a Structured Field sf-string (``"8e03978e-..."``, with
+    ``\\"`` and ``\\\\`` escapes); many clients send a bare token (Stripe style).
+    Both are accepted. Keys are 1 to 255 printable ASCII characters.
+    """
+    value = raw.strip(" \t")
+    if value.startswith('"'):
+        value = _sf_string(value)
+    elif '"' in value or "\\" in value:
+        raise InvalidKey("a bare key must not contain quotes or backslashes")
+    if not value:
+        raise InvalidKey("the key is empty")
+    if len(value) > MAX_KEY_LENGTH:
+        raise InvalidKey(f"the key is longer than {MAX_KEY_LENGTH} characters")
+    if any(not 0x20 <= ord(ch) <= 0x7E for ch in value):
+        raise InvalidKey("the key must be printable ASCII")
+    return value
+
+
+def _sf_string(value: str) -> str:
+    out: list[str] = []
+    i = 1
+    while i < len(value):
+        ch = value[i]
+        if ch == "\\":
+            if i + 1 >= len(value) or value[i + 1] not in '"\\':
+                raise InvalidKey("invalid escape in the quoted key")
+            out.append(value[i + 1])
+            i += 2
+            continue
+        if ch == '"':
+            if value[i + 1 :].strip(" \t"):
+                raise InvalidKey("unexpected text after the quoted key")
+            return "".join(out)
+        out.append(ch)
+        i += 1
+    raise InvalidKey("the quoted key has no closing quote")
+
+
+def fingerprint(
+    method: str, path: str, query: bytes, body: bytes, headers: Sequence[tuple[str, str]]
+) -> str:
+    """SHA-256 over what makes two requests "the same request"."""
+    digest = hashlib.sha256()
+    for part in (method.encode(), path.encode(), query):
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    for name, value in headers:
+        digest.update(f"{name}:{value}\n".encode("latin-1"))
+    digest.update(body)
+    return digest.hexdigest()
+
+
+#: Maps a request's headers (lower-case names) to the identity keys are
+#: scoped to. Two clients sending the same key never see each other's response.
+ClientScope = Callable[[Mapping[str, str]], str]
+
+
+def by_header(name: str = "authorization") -> ClientScope:
+    """Scope keys by a credential header (default ``Authorization``), hashed so
+    the credential itself is never stored. Requests without it share the scope
+    ``anonymous``."""
+    lower = name.lower()
+
+    def scope(headers: Mapping[str, str]) -> str:
+        value = headers.get(lower)
+        if not value:
+            return "anonymous"
+        return hashlib.sha256(f"{lower}:{value}".encode("latin-1")).hexdigest()[:32]
+
+    return scope

@@ -1,0 +1,334 @@
+"""Idempotency-Key middleware over real HTTP, on a real SQLite file and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from onceonly import create_store
+from onceonly.idempotency import IdempotencyMiddleware
+from onceonly.idempotency.records import Completion, KeyClaim, StoredResponse
+from onceonly.idempotency.storage import key_store_for
+from support import live_server
+
+
+class Shop:
+    """A small API whose side effects we can count."""
+
+    def __init__(self) -> None:
+        self.orders: list[dict[str, Any]] = []
+        self.runs: dict[str, int] = {}
+
+    def count(self, name: str) -> None:
+        self.runs[name] = self.runs.get(name, 0) + 1
+
+    async def create_order(self, request: Request) -> Response:
+        self.count("orders")
+        payload = await request.json()
+        order = {"id": len(self.orders) + 1, **payload}
+        self.orders.append(order)
+        return JSONResponse(
+            order,
+            status_code=201,
+            headers={"location": f"/orders/{order['id']}", "set-cookie": "session=abc"},
+        )
+
+    async def slow(self, request: Request) -> Response:
+        self.count("slow")
+        await asyncio.sleep(0.5)
+        return JSONResponse({"run": self.runs["slow"]}, status_code=201)
+
+    async def boom(self, request: Request) -> Response:
+        self.count("boom")
+        raise RuntimeError("payment provider exploded")
+
+    async def invalid(self, request: Request) -> Response:
+        self.count("invalid")
+        return JSONResponse({"error": "amount must be positive"}, status_code=422)
+
+    async def report(self, request: Request) -> Response:
+        self.count("report")
+
+        async def lines() -> AsyncIterator[bytes]:
+            for i in range(3 * 1024):  # 3 MiB in 1 KiB pieces
+                yield (f"{i:08d}" + "x" * 1015 + "\n").encode()
+
+        return StreamingResponse(lines(), media_type="text/plain")
+
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/orders", self.create_order, methods=["POST"]),
+                Route("/slow", self.slow, methods=["POST"]),
+                Route("/boom", self.boom, methods=["POST"]),
+                Route("/invalid", self.invalid, methods=["POST"]),
+                Route("/report", self.report, methods=["POST"]),
+            ]
+        )
+
+
+@pytest.fixture
+def shop() -> Shop:
+    return Shop()
+
+
+def serve(shop: Shop, database_url: str, **options: Any) -> Any:
+    store = create_store(database_url)
+    options.setdefault("required", [r"^/orders$"])
+    return live_server(IdempotencyMiddleware(shop.app(), store=store, **options))
+
+
+@pytest.fixture
+def server(shop: Shop, database_url: str) -> Iterator[str]:
+    with serve(shop, database_url) as url:
+        yield url
+
+
+def key(value: str) -> dict[str, str]:
+    return {"idempotency-key": value, "authorization": "Bearer client-a"}
+
+
+async def test_first_request_runs_and_repeats_replay_it(server: str, shop: Shop) -> None:
+    async with httpx.AsyncClient(base_url=server) as client:
+        first = await client.post("/orders", json={"sku": "A1"}, headers=key("k-1"))
+        again = await client.post("/orders", json={"sku": "A1"}, headers=key("k-1"))
+        other = await client.post("/orders", json={"sku": "A1"}, headers=key("k-2"))
+    assert first.status_code == again.status_code == 201
+    assert first.content == again.content
+    assert again.headers["location"] == first.headers["location"] == "/orders/1"
+    assert "idempotent-replayed" not in first.headers
+    assert again.headers["idempotent-replayed"] == "true"
+    assert "set-cookie" not in again.headers  # documented policy: cookies are not replayed
+    assert other.json()["id"] == 2
+    assert shop.runs["orders"] == 2
+
+
+async def test_50_concurrent_requests_with_one_key_run_the_endpoint_once(
+    server: str, shop: Shop
+) -> None:
+    async with httpx.AsyncClient(
+        base_url=server, limits=httpx.Limits(max_connections=50), timeout=30
+    ) as client:
+        responses = await asyncio.gather(
+            *(client.post("/slow", json={}, headers=key("same")) for _ in range(50))
+        )
+        later = await client.post("/slow", json={}, headers=key("same"))
+    assert shop.runs["slow"] == 1
+    statuses = [r.status_code for r in responses]
+    assert statuses.count(201) >= 1
+    assert set(statuses) <= {201, 409}
+    for r in responses:
+        if r.status_code == 409:
+            assert r.headers["retry-after"] == "1"
+            assert r.headers["content-type"] == "application/problem+json"
+    assert later.status_code == 201
+    assert later.headers["idempotent-replayed"] == "true"
+
+
+async def test_wait_mode_gives_every_concurrent_repeat_the_same_response(
+    shop: Shop, database_url: str
+) -> None:
+    with serve(shop, database_url, on_conflict="wait") as url:
+        async with httpx.AsyncClient(
+            base_url=url, limits=httpx.Limits(max_connections=20), timeout=30
+        ) as client:
+            responses = await asyncio.gather(
+                *(client.post("/slow", json={}, headers=key("wait")) for _ in range(20))
+            )
+    assert shop.runs["slow"] == 1
+    assert {r.status_code for r in responses} == {201}
+    assert len({r.content for r in responses}) == 1
+
+
+async def test_a_500_is_stored_and_replayed_not_run_again(server: str, shop: Shop) -> None:
+    # The exception still reaches the server (it logs it and closes that
+    # connection, as for any ASGI app that raises): one connection per request.
+    async with httpx.AsyncClient(base_url=server) as client:
+        first = await client.post("/boom", json={}, headers=key("b-1"))
+    async with httpx.AsyncClient(base_url=server) as client:
+        again = await client.post("/boom", json={}, headers=key("b-1"))
+    assert first.status_code == again.status_code == 500
+    assert again.headers["idempotent-replayed"] == "true"
+    assert first.content == again.content == b"Internal Server Error"
+    assert shop.runs["boom"] == 1
+
+
+async def test_same_key_different_request_is_422(server: str, shop: Shop) -> None:
+    async with httpx.AsyncClient(base_url=server) as client:
+        await client.post("/orders", json={"sku": "A1"}, headers=key("k-x"))
+        body = await client.post("/orders", json={"sku": "B2"}, headers=key("k-x"))
+        path = await client.post("/slow", json={"sku": "A1"}, headers=key("k-x"))
+    assert body.status_code == path.status_code == 422
+    assert body.headers["content-type"] == "application/problem+json"
+    assert "different request" in body.json()["detail"]
+    assert shop.runs["orders"] == 1
+
+
+@pytest.mark.parametrize(
+    ("header", "status"),
+    [(None, 400), ('"unterminated', 400), ("", 400), ("x" * 256, 400), ("é", 400)],
+)
+async def test_missing_or_malformed_keys_are_400(
+    server: str, shop: Shop, header: str | None, status: int
+) -> None:
+    headers = {} if header is None else {"idempotency-key": header}
+    async with httpx.AsyncClient(base_url=server) as client:
+        response = await client.post(
+            "/orders", json={"sku": "A1"}, headers={k: v.encode() for k, v in headers.items()}
+        )
+    assert response.status_code == status
+    assert response.headers["content-type"] == "application/problem+json"
+    assert "orders" not in shop.runs
+
+
+async def test_quoted_and_bare_keys_are_the_same_key(server: str, shop: Shop) -> None:
+    async with httpx.AsyncClient(base_url=server) as client:
+        bare = await client.post("/orders", json={}, headers=key("8e03978e"))
+        quoted = await client.post("/orders", json={}, headers=key('"8e03978e"'))
+    assert quoted.headers["idempotent-replayed"] == "true"
+    assert bare.content == quoted.content
+    assert shop.runs["orders"] == 1
+
+
+async def test_keys_are_scoped_by_client_identity(server: str, shop: Shop) -> None:
+    async with httpx.AsyncClient(base_url=server) as client:
+        a = await client.post("/orders", json={}, headers=key("shared"))
+        b = await client.post(
+            "/orders", json={}, headers={"idempotency-key": "shared", "authorization": "Bearer b"}
+        )
+    assert a.json()["id"] != b.json()["id"]
+    assert "idempotent-replayed" not in b.headers
+    assert shop.runs["orders"] == 2
+
+
+async def test_validation_failures_are_not_stored(server: str, shop: Shop) -> None:
+    async with httpx.AsyncClient(base_url=server) as client:
+        first = await client.post("/invalid", json={"amount": -1}, headers=key("v-1"))
+        fixed = await client.post("/invalid", json={"amount": 5}, headers=key("v-1"))
+    assert first.status_code == fixed.status_code == 422
+    assert "idempotent-replayed" not in fixed.headers
+    assert shop.runs["invalid"] == 2  # released: the corrected request ran
+
+
+async def test_large_streamed_responses_replay_byte_for_byte(
+    server: str, shop: Shop, database_url: str
+) -> None:
+    async with httpx.AsyncClient(base_url=server, timeout=30) as client:
+        first = await client.post("/report", json={}, headers=key("r-1"))
+        again = await client.post("/report", json={}, headers=key("r-1"))
+    assert len(first.content) == 3 * 1024 * 1024
+    assert again.content == first.content
+    assert again.headers["idempotent-replayed"] == "true"
+    assert shop.runs["report"] == 1
+    from onceonly.db import create_engine
+
+    engine = create_engine(database_url)
+    with engine.connect() as conn:
+        chunks = conn.exec_driver_sql("SELECT count(*) FROM onceonly_idempotency_chunks").scalar()
+    engine.dispose()
+    assert chunks == 48  # stored as 64 KiB chunks, never as one 3 MiB value
+
+
+async def test_requests_over_the_limit_are_refused_not_run_unprotected(
+    shop: Shop, database_url: str
+) -> None:
+    with serve(shop, database_url, max_request_bytes=100) as url:
+        async with httpx.AsyncClient(base_url=url) as client:
+            response = await client.post("/orders", json={"pad": "x" * 200}, headers=key("big"))
+    assert response.status_code == 413
+    assert "orders" not in shop.runs
+
+
+async def test_expired_keys_run_again_and_purge_forgets_them(shop: Shop, database_url: str) -> None:
+    with serve(shop, database_url, ttl=1.0, lock_timeout=0.5, cache_bytes=0) as url:
+        async with httpx.AsyncClient(base_url=url) as client:
+            await client.post("/orders", json={}, headers=key("e-1"))
+            time.sleep(1.1)
+            again = await client.post("/orders", json={}, headers=key("e-1"))
+    assert "idempotent-replayed" not in again.headers
+    assert shop.runs["orders"] == 2
+    store = create_store(database_url)
+    keys = key_store_for(store)
+    assert await keys.purge(now=time.time() + 2) == 1
+    await store.close()
+
+
+async def test_a_stale_owner_cannot_overwrite_a_newer_one(database_url: str) -> None:
+    store = create_store(database_url)
+    keys = key_store_for(store)
+    claim = KeyClaim("client", "k", "fp")
+    now = time.time()
+    (first,) = await keys.claim([claim], now=now, lock_seconds=1, ttl=100)
+    (blocked,) = await keys.claim([claim], now=now + 0.5, lock_seconds=1, ttl=100)
+    (taken,) = await keys.claim([claim], now=now + 2, lock_seconds=1, ttl=100)
+    other = await keys.claim(
+        [KeyClaim("client", "k", "other-fp")], now=now + 4, lock_seconds=1, ttl=100
+    )
+    assert (first.state, blocked.state, taken.state) == ("acquired", "running", "acquired")
+    assert taken.fence == first.fence + 1
+    assert other[0].state == "running"  # a different request never takes over a crashed one
+    response = StoredResponse(201, (("content-type", "application/json"),), b"{}")
+    stale = await keys.complete([Completion("client", "k", first.fence, response)], now=now + 3)
+    fresh = await keys.complete([Completion("client", "k", taken.fence, response)], now=now + 3)
+    assert (stale, fresh) == ([False], [True])
+    await store.close()
+
+
+async def test_repeats_in_one_batch_see_the_first_as_running(database_url: str) -> None:
+    store = create_store(database_url)
+    keys = key_store_for(store)
+    outcomes = await keys.claim(
+        [KeyClaim("c", "dup", "fp"), KeyClaim("c", "dup", "fp"), KeyClaim("c", "solo", "fp")],
+        now=time.time(),
+        lock_seconds=10,
+        ttl=100,
+    )
+    assert [o.state for o in outcomes] == ["acquired", "running", "acquired"]
+    await store.close()
+
+
+@pytest.mark.parametrize("engine", ["sqlite"], indirect=True)
+async def test_store_unreachable_fails_closed_with_503(shop: Shop, database_url: str) -> None:
+    import sqlite3
+    from urllib.parse import urlsplit
+
+    with serve(shop, database_url + "?busy_timeout=200") as url:
+        async with httpx.AsyncClient(base_url=url) as client:
+            await client.post("/orders", json={}, headers=key("warm"))
+            blocker = sqlite3.connect(urlsplit(database_url).path, isolation_level=None)
+            blocker.execute("BEGIN EXCLUSIVE")
+            try:
+                response = await client.post("/orders", json={}, headers=key("during"))
+            finally:
+                blocker.execute("ROLLBACK")
+                blocker.close()
+    assert response.status_code == 503
+    assert shop.runs["orders"] == 1  # never run without protection
+
+
+async def test_a_bare_asgi_app_that_raises_gets_a_stored_problem_500(database_url: str) -> None:
+    runs = 0
+
+    async def bare(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal runs
+        runs += 1
+        raise RuntimeError("no framework to catch this")
+
+    with live_server(IdempotencyMiddleware(bare, store=create_store(database_url))) as url:
+        async with httpx.AsyncClient(base_url=url) as client:
+            first = await client.post("/charge", json={}, headers=key("raw"))
+        async with httpx.AsyncClient(base_url=url) as client:
+            again = await client.post("/charge", json={}, headers=key("raw"))
+    assert first.status_code == again.status_code == 500
+    assert first.headers["content-type"] == "application/problem+json"
+    assert again.json() == first.json()
+    assert runs == 1
