@@ -3,14 +3,15 @@
 ``ONCEONLY_TEST_ENGINES`` picks the engines (default ``sqlite,postgresql``).
 ``ONCEONLY_TEST_POSTGRES_URL`` names the server (default
 ``postgresql://postgres@127.0.0.1:5432/test``); the tests use their own
-database on it, ``onceonly_test_<pid>``, dropped at the end. When PostgreSQL is among the engines and
-cannot be reached, the run stops with an error: a PostgreSQL test must never be
-silently skipped.
+database on it, ``onceonly_test_<pid>``, dropped at the end. When PostgreSQL is
+among the engines and cannot be reached, the run stops with an error: a
+PostgreSQL test must never be silently skipped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,10 +74,9 @@ async def _drop_postgres() -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if "postgresql" in ENGINES:
-        try:
+        # If the server went away there is nothing left to clean.
+        with contextlib.suppress(OSError, asyncpg.PostgresError, TimeoutError):
             asyncio.run(_drop_postgres())
-        except (OSError, asyncpg.PostgresError, TimeoutError):
-            pass  # the server went away; nothing left to clean
 
 
 def pytest_report_header() -> str:
