@@ -411,6 +411,33 @@ def _find(app: Onceonly, ref: str) -> Event | None:
     raise click.BadParameter("use a row id or PROVIDER:EVENT_ID", param_hint="REF")
 
 
+@main.group()
+def idempotency() -> None:
+    """Idempotency-Key records of your API (see docs/idempotency.md)."""
+
+
+@idempotency.command("purge")
+@_app_options
+@_FORMAT
+@_fail_cleanly
+def purge_keys(app_spec: str | None, database_url: str | None, fmt: str) -> None:
+    """Delete expired Idempotency-Key records (run it from cron, say hourly).
+
+    Expired records are already ignored by the middleware; purging only frees
+    the space. Records still within their expiry are never touched.
+    """
+    import time
+
+    from .idempotency.storage import key_store_for
+
+    app = _load(app_spec, database_url)
+    deleted = _with_store(app, lambda store: key_store_for(store).purge(now=time.time()))
+    if fmt == "json":
+        click.echo(json.dumps({"deleted": deleted}))
+    else:
+        console.print(f"deleted {deleted} expired Idempotency-Key record(s)")
+
+
 def _print_event(e: Event) -> None:
     table = Table.grid(padding=(0, 2))
     for label, value in [

@@ -55,9 +55,6 @@ class KeyStore(ABC):
         """Forget a claim whose response is not to be stored."""
 
     @abstractmethod
-    async def peek(self, scope: str, key: str) -> ClaimOutcome | None: ...
-
-    @abstractmethod
     async def append_chunks(
         self, scope: str, key: str, fence: int, first_seq: int, chunks: Sequence[bytes]
     ) -> None: ...
@@ -108,11 +105,13 @@ class SQLiteKeyStore(KeyStore):
     def __init__(self, store: Any) -> None:
         self.store = store
 
+    async def _run(self, fn: Any) -> Any:
+        await self.store.open()  # creates the tables on first use; then free
+        return await self.store._run(fn)
+
     async def claim(
         self, claims: Sequence[KeyClaim], *, now: float, lock_seconds: float, ttl: float
     ) -> list[ClaimOutcome]:
-        await self.store.open()
-
         def run(conn: sqlite3.Connection) -> list[ClaimOutcome]:
             outcomes = []
             conn.execute("BEGIN IMMEDIATE")
@@ -131,7 +130,7 @@ class SQLiteKeyStore(KeyStore):
             conn.execute("COMMIT")
             return outcomes
 
-        return await self.store._run(run)  # type: ignore[no-any-return]
+        return await self._run(run)  # type: ignore[no-any-return]
 
     async def complete(self, completions: Sequence[Completion], *, now: float) -> list[bool]:
         def run(conn: sqlite3.Connection) -> list[bool]:
@@ -161,7 +160,7 @@ class SQLiteKeyStore(KeyStore):
             conn.execute("COMMIT")
             return landed
 
-        return await self.store._run(run)  # type: ignore[no-any-return]
+        return await self._run(run)  # type: ignore[no-any-return]
 
     async def release(self, scope: str, key: str, fence: int) -> None:
         def run(conn: sqlite3.Connection) -> None:
@@ -171,15 +170,7 @@ class SQLiteKeyStore(KeyStore):
                 (scope, key, fence),
             )
 
-        await self.store._run(run)
-
-    async def peek(self, scope: str, key: str) -> ClaimOutcome | None:
-        row = await self.store._run(
-            lambda conn: conn.execute(
-                f"{_READ} WHERE scope = ? AND key = ?", (scope, key)
-            ).fetchone()
-        )
-        return _outcome(row) if row else None
+        await self._run(run)
 
     async def append_chunks(
         self, scope: str, key: str, fence: int, first_seq: int, chunks: Sequence[bytes]
@@ -192,12 +183,12 @@ class SQLiteKeyStore(KeyStore):
             )
             conn.execute("COMMIT")
 
-        await self.store._run(run)
+        await self._run(run)
 
     async def read_chunks(
         self, scope: str, key: str, fence: int, from_seq: int, limit: int
     ) -> list[bytes]:
-        rows = await self.store._run(
+        rows = await self._run(
             lambda conn: conn.execute(
                 f"SELECT data FROM {_CHUNKS} WHERE scope = ? AND key = ? AND fence = ?"
                 " AND seq >= ? ORDER BY seq LIMIT ?",
@@ -210,7 +201,7 @@ class SQLiteKeyStore(KeyStore):
         def run(conn: sqlite3.Connection) -> int:
             return conn.execute(f"DELETE FROM {_KEYS} WHERE expires_at < ?", (now,)).rowcount
 
-        return await self.store._run(run)  # type: ignore[no-any-return]
+        return await self._run(run)  # type: ignore[no-any-return]
 
 
 class PostgresKeyStore(KeyStore):
@@ -322,11 +313,6 @@ class PostgresKeyStore(KeyStore):
                 key,
                 fence,
             )
-
-    async def peek(self, scope: str, key: str) -> ClaimOutcome | None:
-        async with self.store._connection() as conn:
-            row = await conn.fetchrow(f"{_READ} WHERE scope = $1 AND key = $2", scope, key)
-        return _outcome(tuple(row)) if row else None
 
     async def append_chunks(
         self, scope: str, key: str, fence: int, first_seq: int, chunks: Sequence[bytes]

@@ -107,9 +107,7 @@ def normalize_cnpj(value: object) -> str:
     if numeric or (chars.isdigit() and chars == text):
         chars = chars.zfill(14)
     if len(chars) != 14 or not set(chars) <= _ALNUM or not chars[12:].isdigit():
-        raise InvalidValue(
-            f"invalid CNPJ {text!r}: a CNPJ has 14 characters, the last two digits"
-        )
+        raise InvalidValue(f"invalid CNPJ {text!r}: a CNPJ has 14 characters, the last two digits")
     if chars.isdigit() and chars == chars[0] * 14:
         raise InvalidValue(f"invalid CNPJ {text!r}: repeated digits")
     numbers = [ord(c) - 48 for c in chars]
