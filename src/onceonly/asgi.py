@@ -6,7 +6,18 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-__all__ = ["ASGIApp", "Receive", "Scope", "Send", "lower_headers", "send_problem", "send_response"]
+from ._exceptions import BodyTooLarge
+
+__all__ = [
+    "ASGIApp",
+    "Receive",
+    "Scope",
+    "Send",
+    "lower_headers",
+    "read_body",
+    "send_problem",
+    "send_response",
+]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -25,6 +36,27 @@ def lower_headers(scope: Scope) -> dict[str, str]:
         value = raw_value.decode("latin-1")
         headers[name] = f"{headers[name]}, {value}" if name in headers else value
     return headers
+
+
+async def read_body(headers: dict[str, str], receive: Receive, limit: int) -> bytes | None:
+    """The whole request body, refusing more than `limit` bytes before reading
+    them when Content-Length says so; ``None`` if the client went away."""
+    declared = headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"body of {declared} bytes is over the {limit}-byte limit")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"body is over the {limit}-byte limit")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 async def send_response(

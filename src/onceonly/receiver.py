@@ -33,8 +33,8 @@ import logging
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
-from ._exceptions import BodyTooLarge, DeliveryRejected, StoreError
-from .asgi import Receive, Scope, Send, lower_headers, send_problem, send_response
+from ._exceptions import DeliveryRejected, StoreError
+from .asgi import Receive, Scope, Send, lower_headers, read_body, send_problem, send_response
 from .events import Delivery
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ class Receiver:
         try:
             self.inbox.provider(provider)  # 404 before reading the body
             headers = lower_headers(scope)
-            body = await self._read_body(headers, receive)
+            body = await read_body(headers, receive, self.max_body_bytes)
             if body is None:
                 return  # the client disconnected; there is nobody to answer
             delivery = Delivery(
@@ -153,25 +153,6 @@ class Receiver:
             b'{"received":true,"duplicate":' + duplicate + b"}",
             [_JSON, (b"onceonly-duplicate", duplicate)],
         )
-
-    async def _read_body(self, headers: dict[str, str], receive: Receive) -> bytes | None:
-        limit = self.max_body_bytes
-        declared = headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise BodyTooLarge(f"body of {declared} bytes is over the {limit}-byte limit")
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunk: bytes = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise BodyTooLarge(f"body is over the {limit}-byte limit")
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def _health(self, send: Send) -> None:
         try:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from .._exceptions import BodyTooLarge, ConfigurationError, StoreError
-from ..asgi import ASGIApp, Message, Receive, Scope, Send, lower_headers, send_problem
+from ..asgi import ASGIApp, Message, Receive, Scope, Send, lower_headers, read_body, send_problem
 from ..batching import GroupCommit
 from .keys import ClientScope, InvalidKey, by_header, fingerprint, parse_key
 from .records import ClaimOutcome, Completion, KeyClaim, StoredResponse
@@ -240,7 +240,7 @@ class IdempotencyMiddleware:
             )
             return
         try:
-            body = await self._read_body(headers, receive)
+            body = await read_body(headers, receive, self.max_request_bytes)
         except BodyTooLarge:
             await _problem(
                 send,
@@ -310,24 +310,6 @@ class IdempotencyMiddleware:
         if isinstance(self.required, bool):
             return self.required
         return any(p.search(path) for p in self.required)
-
-    async def _read_body(self, headers: dict[str, str], receive: Receive) -> bytes | None:
-        declared = headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_request_bytes:
-            raise BodyTooLarge(declared)
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunk: bytes = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_request_bytes:
-                raise BodyTooLarge(str(size))
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
 
     # Running the endpoint once.
 
