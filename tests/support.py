@@ -7,15 +7,22 @@ import contextlib
 import hashlib
 import hmac
 import json
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import uvicorn
 
 STRIPE_SECRET = "whsec_test_secret"
+#: The real command, run with this interpreter.
+ONCEONLY = [sys.executable, "-m", "onceonly.cli"]
 
 
 def stripe_delivery(
@@ -122,3 +129,36 @@ class TcpProxy:
         self.cut()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+
+
+class Server:
+    """``onceonly serve`` as a subprocess on a free loopback port, up and healthy."""
+
+    def __init__(self, env: dict[str, str], cwd: Path, *args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen(
+            [*ONCEONLY, "serve", "--port", str(self.port), *args],
+            env=env,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                output = self.stop()
+                raise RuntimeError(f"onceonly serve did not come up:\n{output}")
+            time.sleep(0.1)
+
+    def stop(self, sig: int = signal.SIGTERM) -> str:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        out, _ = self.process.communicate(timeout=20)
+        return out

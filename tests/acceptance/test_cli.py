@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from support import STRIPE_SECRET, free_port, stripe_delivery
-
-ONCEONLY = [sys.executable, "-m", "onceonly.cli"]
+from support import ONCEONLY, STRIPE_SECRET, Server, free_port, stripe_delivery
 
 
 def run(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -33,37 +28,6 @@ def env(database_url: str) -> dict[str, str]:
         "ONCEONLY_STRIPE_SECRET": f"whsec_old,{STRIPE_SECRET}",
         "COLUMNS": "200",
     }
-
-
-class Server:
-    def __init__(self, env: dict[str, str], cwd: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen(
-            [*ONCEONLY, "serve", "--port", str(self.port)],
-            env=env,
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                output = self.stop()
-                raise RuntimeError(f"onceonly serve did not come up:\n{output}")
-            time.sleep(0.1)
-
-    def stop(self, sig: int = signal.SIGTERM) -> str:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        out, _ = self.process.communicate(timeout=20)
-        return out
 
 
 @pytest.fixture

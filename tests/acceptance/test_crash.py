@@ -9,10 +9,9 @@ import time
 from pathlib import Path
 
 import httpx
-from test_cli import Server
 
 from onceonly import create_store
-from support import STRIPE_SECRET, stripe_delivery
+from support import STRIPE_SECRET, Server, stripe_delivery
 
 
 async def test_sigkill_under_load_loses_no_acknowledged_event(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import httpx
 import sqlalchemy as sa
 
 from onceonly.db import create_engine
-from support import STRIPE_SECRET, free_port, stripe_delivery
+from support import ONCEONLY, STRIPE_SECRET, Server, stripe_delivery
 
 APP = """
 import sqlalchemy as sa
@@ -30,22 +29,6 @@ def record(event, ctx):
 def broken(event, ctx):
     raise LookupError("customer 42 not found")
 """
-
-
-ONCEONLY = [sys.executable, "-m", "onceonly.cli"]
-
-
-def wait_healthy(url: str, server: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert server.poll() is None, "server exited"
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.1)
 
 
 def wait_settled(env: dict[str, str], cwd: Path, count: int) -> dict[str, dict[str, object]]:
@@ -79,18 +62,9 @@ def test_serve_with_worker_processes_what_it_receives(database_url: str, tmp_pat
     engine = create_engine(database_url)
     with engine.begin() as conn:
         conn.exec_driver_sql("CREATE TABLE payments (event_id TEXT NOT NULL)")
-    port = free_port()
-    server = subprocess.Popen(
-        [*ONCEONLY, "serve", "--worker", "--app", "shop:app", "--port", str(port)],
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
+    server = Server(env, tmp_path, "--worker", "--app", "shop:app")
+    url = server.url
     try:
-        wait_healthy(url, server)
         with httpx.Client() as client:
             for event_id, kind in [
                 ("evt_a", "payment_intent.succeeded"),
@@ -120,6 +94,5 @@ def test_serve_with_worker_processes_what_it_receives(database_url: str, tmp_pat
         assert "last traceback" in shown
         assert 'raise LookupError("customer 42 not found")' in shown
     finally:
-        server.terminate()
-        server.communicate(timeout=20)
+        server.stop()
         engine.dispose()
