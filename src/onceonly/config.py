@@ -194,16 +194,30 @@ class Onceonly:
 
         return register
 
-    def worker(self, *, concurrency: int = 4, **options: float) -> Worker:
+    def worker(
+        self,
+        *,
+        concurrency: int = 4,
+        batch_size: int | None = None,
+        poll_interval: float | None = None,
+        name: str | None = None,
+    ) -> Worker:
+        """A :class:`~onceonly.worker.Worker` for this deployment's handlers."""
         from .worker import Worker
 
-        return Worker(self, concurrency=concurrency, **options)  # type: ignore[arg-type]
+        return Worker(
+            self,
+            concurrency=concurrency,
+            batch_size=batch_size,
+            poll_interval=poll_interval,
+            name=name,
+        )
 
-    def guard(self, **options: float) -> Guard:
+    def guard(self, *, lease_seconds: float = 300.0) -> Guard:
         """A :class:`~onceonly.guard.Guard` on this database: ``once`` for any job."""
         from .guard import Guard
 
-        return Guard(self.database_url, engine=self.engine, **options)
+        return Guard(self.database_url, engine=self.engine, lease_seconds=lease_seconds)
 
     def receiver(self) -> Receiver:
         """The ASGI app for ``POST /{provider}``; mount it at ``/webhooks``."""
