@@ -18,23 +18,30 @@ from ._exceptions import (
     UnknownProvider,
 )
 from .config import Onceonly, load_app
+from .context import Context, EffectError
+from .guard import Guard, JobInProgress
 from .events import Delivery, Event, EventInfo, EventStatus, NewEvent, Receipt
 from .inbox import GroupCommit, Inbox
 from .receiver import Receiver
 from .store import Store, create_store
+from .worker import Worker
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BodyTooLarge",
     "ConfigurationError",
+    "Context",
     "Delivery",
     "DeliveryRejected",
+    "EffectError",
     "Event",
     "EventInfo",
     "EventStatus",
     "GroupCommit",
+    "Guard",
     "Inbox",
+    "JobInProgress",
     "NewEvent",
     "Onceonly",
     "OnceonlyError",
@@ -46,6 +53,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "UnknownProvider",
+    "Worker",
     "__version__",
     "create_store",
     "load_app",
