@@ -19,8 +19,8 @@ from ._exceptions import (
 )
 from .config import Onceonly, load_app
 from .context import Context, EffectError
-from .guard import Guard, JobInProgress
 from .events import Delivery, Event, EventInfo, EventStatus, NewEvent, Receipt
+from .guard import Guard, JobInProgress
 from .inbox import GroupCommit, Inbox
 from .receiver import Receiver
 from .store import Store, create_store

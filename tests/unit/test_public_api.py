@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from types import ModuleType
 
 import pytest
 
@@ -14,8 +15,8 @@ MODULES = [onceonly, onceonly.providers, onceonly.idempotency]
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
-def test_every_exported_name_exists_and_is_documented(module: object) -> None:
-    names = getattr(module, "__all__")
+def test_every_exported_name_exists_and_is_documented(module: ModuleType) -> None:
+    names = module.__all__
     assert len(set(names)) == len(names)
     for name in names:
         value = getattr(module, name)
