@@ -144,15 +144,20 @@ def main() -> None:
             naive_n = max(1000, args.events // 5)
             naive = throughput(
                 fresh_url(engine, args.postgres, Path(tmp), "naive"),
-                naive_n, args.concurrency, 1,
+                naive_n,
+                args.concurrency,
+                1,
             )
             batched = throughput(
                 fresh_url(engine, args.postgres, Path(tmp), "batched"),
-                args.events, args.concurrency, args.batch_size,
+                args.events,
+                args.concurrency,
+                args.batch_size,
             )
             lat = latency(
                 fresh_url(engine, args.postgres, Path(tmp), "latency"),
-                args.latency_events, args.rate,
+                args.latency_events,
+                args.rate,
             )
             results.append(
                 {

@@ -83,6 +83,14 @@ def _with_store(app: Onceonly, work: Callable[[Store], Awaitable[T]]) -> T:
     return asyncio.run(coroutine)
 
 
+_LOG_LEVEL = click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="onceonly")
 def main() -> None:
@@ -103,12 +111,7 @@ def main() -> None:
 @_app_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
-@click.option(
-    "--log-level",
-    default="info",
-    show_default=True,
-    type=click.Choice(["critical", "error", "warning", "info", "debug"]),
-)
+@_LOG_LEVEL
 @click.option(
     "--access-log/--no-access-log",
     default=False,
@@ -188,12 +191,7 @@ def serve(
     type=click.IntRange(1, 256),
     help="Events handled at once (threads).",
 )
-@click.option(
-    "--log-level",
-    default="info",
-    show_default=True,
-    type=click.Choice(["critical", "error", "warning", "info", "debug"]),
-)
+@_LOG_LEVEL
 @_fail_cleanly
 def worker(
     app_spec: str | None, database_url: str | None, concurrency: int, log_level: str
@@ -463,6 +461,11 @@ def _print_event(e: Event) -> None:
             console.print(data["body"], markup=False, highlight=False)
     else:
         console.print(f"(binary, base64) {data['body_base64']}", markup=False)
+
+
+from .importer.command import import_command  # noqa: E402
+
+main.add_command(import_command, name="import")
 
 
 if __name__ == "__main__":

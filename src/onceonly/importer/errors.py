@@ -3,17 +3,20 @@
 ::
 
     OnceonlyError
-    └── ConfigurationError
-        └── ImportSetupError     file, table, key and options cannot work together
-            └── FileFormatError  the file cannot be read as CSV or XLSX
+    ├── ConfigurationError
+    │   └── ImportSetupError     file, table, key and options cannot work together
+    │       └── FileFormatError  the file cannot be read as CSV or XLSX
+    └── InvalidValue             one value that cannot be a key or fit a column
+                                 (also a ValueError)
 
-A bad *row* is not an exception the caller sees: it is a rejection in the
-report (`InvalidValue` carries its reason from the parsers to the report).
+A bad *row* is not an exception an import raises: it is a rejection in the
+report (`InvalidValue` carries its reason from the parsers to the report). The
+normalising functions (``normalize_cpf``...) raise it directly.
 """
 
 from __future__ import annotations
 
-from .._exceptions import ConfigurationError
+from .._exceptions import ConfigurationError, OnceonlyError
 
 __all__ = ["FileFormatError", "ImportSetupError", "InvalidValue"]
 
@@ -28,6 +31,6 @@ class FileFormatError(ImportSetupError):
     encoding, no header row)."""
 
 
-class InvalidValue(ValueError):
+class InvalidValue(OnceonlyError, ValueError):
     """One cell that cannot go into its column. The message is the reason a
     person reads next to the line number, so it names the problem, not the code."""

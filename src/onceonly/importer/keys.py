@@ -40,10 +40,6 @@ __all__ = [
 
 # Separators people and exports put inside CPF/CNPJ numbers.
 _PUNCTUATION = str.maketrans("", "", ".-/ \t\u00a0\u2010\u2011\u2012\u2013")
-_CPF_WEIGHTS_1 = tuple(range(10, 1, -1))
-_CPF_WEIGHTS_2 = tuple(range(11, 1, -1))
-_CNPJ_WEIGHTS_1 = (5, 4, 3, 2, 9, 8, 7, 6, 5, 4, 3, 2)
-_CNPJ_WEIGHTS_2 = (6, *_CNPJ_WEIGHTS_1)
 _ALNUM = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
@@ -72,49 +68,78 @@ def _text(value: object) -> tuple[str, bool]:
     return value.strip(), False
 
 
-def _check_digit(values: list[int], weights: tuple[int, ...]) -> int:
-    remainder = sum(v * w for v, w in zip(values, weights, strict=True)) % 11
+def _check_digit(weighted_sum: int) -> int:
+    remainder = weighted_sum % 11
     return 0 if remainder < 2 else 11 - remainder
+
+
+def _document(value: object, size: int, label: str) -> tuple[str, str]:
+    """The value without punctuation, upper-cased, padded when it came from a
+    number; and the text as given, for messages."""
+    if value.__class__ is str:
+        text = value.strip()
+        numeric = False
+    else:
+        text, numeric = _text(value)
+    if not text:
+        raise InvalidValue(f"empty {label}")
+    chars = text.translate(_PUNCTUATION)
+    if len(chars) < size and (numeric or chars == text) and chars.isdigit():
+        chars = chars.zfill(size)
+    return chars.upper(), text
+
+
+# The check digits are modulus-11 sums written out: this runs once per row of
+# files with millions of rows. Characters count as their ASCII code minus 48
+# (digits 0-9, and letters from 17 in alphanumeric CNPJs), so each sum is the
+# weighted sum of the codes less 48 times the sum of the weights.
 
 
 def normalize_cpf(value: object) -> str:
     """The 11 digits of a CPF, or :class:`InvalidValue` saying why not."""
-    text, numeric = _text(value)
-    if not text:
-        raise InvalidValue("empty CPF")
-    digits = text.translate(_PUNCTUATION)
-    if numeric or (digits.isdigit() and digits == text):
-        digits = digits.zfill(11)
+    digits = ""
+    if value.__class__ is str:  # the usual spellings, without translate()'s cost
+        text = value.strip()
+        digits = text.replace(".", "").replace("-", "")
+    if len(digits) != 11 or not digits.isascii() or not digits.isdigit():
+        digits, text = _document(value, 11, "CPF")
     if len(digits) != 11 or not digits.isascii() or not digits.isdigit():
         raise InvalidValue(f"invalid CPF {text!r}: a CPF has 11 digits")
-    numbers = [ord(c) - 48 for c in digits]
-    if digits == digits[0] * 11:
-        raise InvalidValue(f"invalid CPF {text!r}: repeated digits")
-    first = _check_digit(numbers[:9], _CPF_WEIGHTS_1)
-    second = _check_digit([*numbers[:9], first], _CPF_WEIGHTS_2)
-    if numbers[9] != first or numbers[10] != second:
+    d = digits.encode("ascii")
+    first = _check_digit(
+        d[0] * 10 + d[1] * 9 + d[2] * 8 + d[3] * 7 + d[4] * 6
+        + d[5] * 5 + d[6] * 4 + d[7] * 3 + d[8] * 2 - 48 * 54
+    )  # fmt: skip
+    second = _check_digit(
+        d[0] * 11 + d[1] * 10 + d[2] * 9 + d[3] * 8 + d[4] * 7
+        + d[5] * 6 + d[6] * 5 + d[7] * 4 + d[8] * 3 - 48 * 63 + first * 2
+    )  # fmt: skip
+    if d[9] - 48 != first or d[10] - 48 != second:
         raise InvalidValue(f"invalid CPF {text!r}: check digits do not match")
+    if digits.count(digits[0]) == 11:
+        raise InvalidValue(f"invalid CPF {text!r}: repeated digits")
     return digits
 
 
 def normalize_cnpj(value: object) -> str:
     """The 14 characters of a CNPJ (digits, or alphanumeric since 2026), or
     :class:`InvalidValue` saying why not."""
-    text, numeric = _text(value)
-    if not text:
-        raise InvalidValue("empty CNPJ")
-    chars = text.translate(_PUNCTUATION).upper()
-    if numeric or (chars.isdigit() and chars == text):
-        chars = chars.zfill(14)
+    chars, text = _document(value, 14, "CNPJ")
     if len(chars) != 14 or not set(chars) <= _ALNUM or not chars[12:].isdigit():
         raise InvalidValue(f"invalid CNPJ {text!r}: a CNPJ has 14 characters, the last two digits")
-    if chars.isdigit() and chars == chars[0] * 14:
-        raise InvalidValue(f"invalid CNPJ {text!r}: repeated digits")
-    numbers = [ord(c) - 48 for c in chars]
-    first = _check_digit(numbers[:12], _CNPJ_WEIGHTS_1)
-    second = _check_digit([*numbers[:12], first], _CNPJ_WEIGHTS_2)
-    if numbers[12] != first or numbers[13] != second:
+    c = chars.encode("ascii")
+    first = _check_digit(
+        c[0] * 5 + c[1] * 4 + c[2] * 3 + c[3] * 2 + c[4] * 9 + c[5] * 8
+        + c[6] * 7 + c[7] * 6 + c[8] * 5 + c[9] * 4 + c[10] * 3 + c[11] * 2 - 48 * 58
+    )  # fmt: skip
+    second = _check_digit(
+        c[0] * 6 + c[1] * 5 + c[2] * 4 + c[3] * 3 + c[4] * 2 + c[5] * 9 + c[6] * 8
+        + c[7] * 7 + c[8] * 6 + c[9] * 5 + c[10] * 4 + c[11] * 3 - 48 * 62 + first * 2
+    )  # fmt: skip
+    if c[12] - 48 != first or c[13] - 48 != second:
         raise InvalidValue(f"invalid CNPJ {text!r}: check digits do not match")
+    if chars.count(chars[0]) == 14:
+        raise InvalidValue(f"invalid CNPJ {text!r}: repeated digits")
     return chars
 
 

@@ -44,6 +44,11 @@ _EXPONENT = r"(?:[eE][+-]?\d+)?"
 # Thousands groups must be groups of three, so "1.23,4" is refused, not misread.
 _COMMA_DECIMAL = re.compile(r"(?:\d{1,3}(?:\.\d{3})+|\d+)(?:,\d+)?" + _EXPONENT)
 _POINT_DECIMAL = re.compile(r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?" + _EXPONENT)
+# One separator with digits on both sides and nothing else: no guessing needed
+# unless it could be a thousands separator (exactly three digits after it).
+_PLAIN = re.compile(r"-?\d+(?:([.,])(?:\d{1,2}|\d{4,}))?")
+_SEP = {"comma": ",", "point": "."}
+_GROUPED = re.compile(r"-?\d{1,3}(?:\.\d{3})+,\d+")
 _NUMBER_NOISE = str.maketrans("", "", " \t\u00a0\u202f")
 
 _TRUE = frozenset({"true", "t", "1", "sim", "s", "yes", "y", "verdadeiro"})
@@ -68,6 +73,8 @@ def _mode_for(text: str) -> DecimalMode:
 
 def parse_decimal(value: object, decimal: DecimalMode = "auto") -> Decimal:
     """A number cell as an exact :class:`~decimal.Decimal`."""
+    if value.__class__ is str:
+        return _decimal_text(value, decimal)
     if isinstance(value, bool):
         raise InvalidValue(f"{value!r} is not a number")
     if isinstance(value, int):
@@ -78,15 +85,25 @@ def parse_decimal(value: object, decimal: DecimalMode = "auto") -> Decimal:
         return Decimal(repr(value))  # the shortest repr: 0.1, not 0.1000000000000000055...
     if isinstance(value, Decimal):
         return value
-    if not isinstance(value, str):
-        raise InvalidValue(f"{value!r} is not a number")
+    if isinstance(value, str):
+        return _decimal_text(value, decimal)
+    raise InvalidValue(f"{value!r} is not a number")
+
+
+def _decimal_text(value: str, decimal: DecimalMode) -> Decimal:
+    if (plain := _PLAIN.fullmatch(value)) and (
+        decimal == "auto" or plain[1] in (None, _SEP[decimal])
+    ):
+        return Decimal(value.replace(",", "."))  # "1234", "-12,5", "0.25": the common case
+    if decimal != "point" and _GROUPED.fullmatch(value):  # "1.234,56": the Brazilian way
+        return Decimal(value.replace(".", "").replace(",", "."))
     text = value.translate(_NUMBER_NOISE)
     sign = ""
-    if text[:1] in "+-" and text:
+    if text and text[0] in "+-":
         sign, text = text[0], text[1:]
     if text.startswith("R$"):
         text = text[2:]
-        if text[:1] in "+-" and text and not sign:
+        if text and text[0] in "+-" and not sign:
             sign, text = text[0], text[1:]
     mode = _mode_for(text) if decimal == "auto" else decimal
     if mode == "comma":
@@ -105,6 +122,8 @@ def parse_decimal(value: object, decimal: DecimalMode = "auto") -> Decimal:
 
 def parse_integer(value: object, decimal: DecimalMode = "auto") -> int:
     """A whole number (``1.234`` is refused in auto mode: a decimal, not 1234)."""
+    if value.__class__ is str and value.isascii() and value.isdigit():
+        return int(value)
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     number = parse_decimal(value, decimal)
@@ -115,6 +134,12 @@ def parse_integer(value: object, decimal: DecimalMode = "auto") -> int:
 
 def parse_bool(value: object) -> bool:
     """``true/false``, ``sim/não``, ``s/n``, ``1/0``, ``yes/no`` (any case)."""
+    if value.__class__ is str:
+        word = value.strip().casefold()
+        if word in _TRUE:
+            return True
+        if word in _FALSE:
+            return False
     if isinstance(value, bool):
         return value
     if isinstance(value, int | float) and value in (0, 1):
@@ -151,6 +176,8 @@ def _split_date(text: str, original: object) -> tuple[date, str]:
 def parse_date(value: object) -> date:
     """``31/12/2024``, ``31-12-2024``, ``31.12.2024``, ``2024-12-31``; a date
     cell; a date-and-time cell only at midnight (otherwise a time would be lost)."""
+    if value.__class__ is str:
+        return _date_text(value)
     if isinstance(value, datetime):
         if value.time() != time(0):
             raise InvalidValue(f"{value.isoformat(' ')} has a time of day; the column is a date")
@@ -159,10 +186,19 @@ def parse_date(value: object) -> date:
         return value
     if not isinstance(value, str):
         raise InvalidValue(f"{value!r} is not a date")
+    return _date_text(value)
+
+
+def _date_text(value: str) -> date:
     text = value.strip()
-    if len(text) == 10 and text[4] == "-":
+    if len(text) == 10:
+        # The two everyday shapes without a regular expression: this runs for
+        # every date cell of every row.
         try:
-            return date.fromisoformat(text)
+            if text[2] == "/" == text[5] and text.isascii():
+                return date(int(text[6:]), int(text[3:5]), int(text[:2]))
+            if text[4] == "-" == text[7]:
+                return date.fromisoformat(text)
         except ValueError:
             pass  # fall through for the precise reason
     day, rest = _split_date(text, value)

@@ -1,0 +1,476 @@
+"""The target table as the database describes it, and the plan that maps a
+file's headers to its columns, each with the function that turns a cell into
+that column's value.
+
+Everything here is decided once, before the first row: a header that maps
+nowhere useful, a key without a unique constraint, or a NOT NULL column the
+file cannot fill stops the import before it writes anything.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+import uuid
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine.interfaces import Dialect
+
+from .errors import ImportSetupError, InvalidValue
+from .keys import KeyType, normalizer
+from .values import (
+    DecimalMode,
+    parse_bool,
+    parse_date,
+    parse_datetime,
+    parse_decimal,
+    parse_integer,
+    parse_time,
+    to_text,
+)
+
+__all__ = ["ColumnPlan", "Plan", "TargetColumn", "TargetTable", "plan_import", "reflect_table"]
+
+Coerce = Callable[[object], object]
+
+_INTEGER_BITS = {"smallint": 16, "integer": 32, "bigint": 64}
+
+
+@dataclass(frozen=True)
+class TargetColumn:
+    """One column of the target table, as reflected."""
+
+    name: str
+    type: Any  # a SQLAlchemy TypeEngine
+    nullable: bool
+    has_default: bool
+    generated_always: bool = False
+
+
+@dataclass(frozen=True)
+class TargetTable:
+    """The target table: its columns in order, and every set of columns a
+    unique constraint or unique index (not partial, no expressions) covers."""
+
+    name: str
+    schema: str | None
+    columns: dict[str, TargetColumn]
+    unique_keys: list[tuple[str, ...]]
+
+    @property
+    def display_name(self) -> str:
+        return f"{self.schema}.{self.name}" if self.schema else self.name
+
+
+def reflect_table(connection: sa.Connection, table: str) -> TargetTable:
+    """Describe `table` (``name`` or ``schema.name``) through SQLAlchemy's inspector."""
+    inspector = sa.inspect(connection)
+    schema: str | None = None
+    name = table
+    if not inspector.has_table(name) and "." in table:
+        schema, name = table.split(".", 1)
+    if not inspector.has_table(name, schema=schema):
+        known = sorted(inspector.get_table_names(schema=schema))
+        hint = f"; tables: {', '.join(known[:30])}" if known else "; the database has no tables"
+        raise ImportSetupError(f"no table {table!r} in the database{hint}")
+    with warnings.catch_warnings():
+        # Expression indexes cannot back a key anyway; SQLAlchemy warns it skips them.
+        warnings.simplefilter("ignore", sa.exc.SAWarning)
+        raw_columns = inspector.get_columns(name, schema=schema)
+        primary = inspector.get_pk_constraint(name, schema=schema)["constrained_columns"]
+        if connection.dialect.name == "sqlite":
+            uniques = _sqlite_unique_keys(connection, name, schema)
+        else:
+            uniques = [
+                tuple(u["column_names"])
+                for u in inspector.get_unique_constraints(name, schema=schema)
+            ]
+            for index in inspector.get_indexes(name, schema=schema):
+                options = index.get("dialect_options", {})
+                names = index["column_names"]
+                if index["unique"] and "postgresql_where" not in options and None not in names:
+                    uniques.append(tuple(str(n) for n in names))
+    # SQLite's INTEGER PRIMARY KEY is the rowid: it fills itself in.
+    rowid = connection.dialect.name == "sqlite" and len(primary) == 1
+    columns: dict[str, TargetColumn] = {}
+    for c in raw_columns:
+        is_rowid = rowid and c["name"] == primary[0] and isinstance(c["type"], sa.Integer)
+        identity: dict[str, Any] = dict(c.get("identity") or {})
+        columns[c["name"]] = TargetColumn(
+            name=c["name"],
+            type=c["type"],
+            nullable=bool(c["nullable"]) and c["name"] not in primary,
+            has_default=c.get("default") is not None
+            or bool(identity)
+            or is_rowid
+            or (c.get("autoincrement") is True),
+            generated_always=bool(identity.get("always")) or bool(c.get("computed")),
+        )
+    keys = ([tuple(primary)] if primary else []) + uniques
+    distinct = list(dict.fromkeys(keys))
+    return TargetTable(name=name, schema=schema, columns=columns, unique_keys=distinct)
+
+
+def _sqlite_unique_keys(
+    connection: sa.Connection, table: str, schema: str | None
+) -> list[tuple[str, ...]]:
+    # PRAGMA sees every unique index, including the automatic ones behind
+    # inline UNIQUE and PRIMARY KEY clauses that the inspector leaves out.
+    prefix = f'"{schema}".' if schema else ""
+    keys: list[tuple[str, ...]] = []
+    indexes = connection.exec_driver_sql(f'PRAGMA {prefix}index_list("{table}")').all()
+    for _seq, index_name, unique, _origin, partial in indexes:
+        if not unique or partial:
+            continue
+        info = connection.exec_driver_sql(f'PRAGMA {prefix}index_info("{index_name}")').all()
+        names = [row[2] for row in info]
+        if names and None not in names:
+            keys.append(tuple(names))
+    return keys
+
+
+# -- mapping headers to columns -------------------------------------------------
+
+
+def _folded(name: str) -> str:
+    """A header or column name with case, accents and punctuation ignored:
+    ``Data de Nascimento``, ``data_de_nascimento`` and ``DATA-DE-NASCIMENTO`` match."""
+    decomposed = unicodedata.normalize("NFKD", name)
+    plain = "".join(c for c in decomposed if not unicodedata.combining(c))
+    return re.sub(r"[\W_]+", "", plain.casefold())
+
+
+@dataclass(frozen=True)
+class ColumnPlan:
+    """One file column that is written: where it is in a row, where it goes,
+    and how a cell becomes that column's value."""
+
+    index: int
+    header: str
+    column: str
+    coerce: Coerce
+    key_type: KeyType | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What goes where. `columns` are in file order; `key` are column names
+    (in the order given); `key_positions` index into `columns`."""
+
+    table: TargetTable
+    columns: list[ColumnPlan]
+    key: list[str]
+    key_positions: list[int]
+    ignored_headers: list[str] = field(default_factory=list)
+    width: int = 0
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.column for c in self.columns]
+
+    @property
+    def mapping(self) -> dict[str, str]:
+        return {c.header: c.column for c in self.columns}
+
+
+def _resolve_headers(
+    headers: Sequence[str], table: TargetTable, mapping: Mapping[str, str | None]
+) -> tuple[dict[int, str], list[str]]:
+    """File position -> column name, and the headers left out."""
+    by_fold: dict[str, list[str]] = {}
+    for name in table.columns:
+        by_fold.setdefault(_folded(name), []).append(name)
+    explicit: dict[int, str | None] = {}
+    for wanted, target in mapping.items():
+        positions = [i for i, h in enumerate(headers) if h == wanted] or [
+            i for i, h in enumerate(headers) if _folded(h) == _folded(wanted)
+        ]
+        if not positions:
+            raise ImportSetupError(
+                f"--map {wanted}=...: the file has no header {wanted!r}; "
+                f"its headers are: {', '.join(repr(h) for h in headers)}"
+            )
+        if target and target not in table.columns:
+            raise ImportSetupError(
+                f"--map {wanted}={target}: table {table.display_name} has no column "
+                f"{target!r}; its columns are: {', '.join(table.columns)}"
+            )
+        for i in positions:
+            explicit[i] = target or None
+    chosen: dict[int, str] = {}
+    ignored: list[str] = []
+    for i, header in enumerate(headers):
+        if i in explicit:
+            target = explicit[i]
+        elif header in table.columns:
+            target = header
+        else:
+            candidates = by_fold.get(_folded(header), []) if header else []
+            target = candidates[0] if len(candidates) == 1 else None
+        if target is None:
+            if header:
+                ignored.append(header)
+            continue
+        chosen[i] = target
+    seen: dict[str, int] = {}
+    for i, column in chosen.items():
+        if column in seen:
+            raise ImportSetupError(
+                f"headers {headers[seen[column]]!r} and {headers[i]!r} both map to column "
+                f"{column!r}; pick one with --map (e.g. --map '{headers[i]}=' leaves it out)"
+            )
+        seen[column] = i
+    return chosen, ignored
+
+
+def _key_types(
+    key: Sequence[str], key_types: Mapping[str, KeyType | str] | None
+) -> dict[str, KeyType]:
+    result = dict.fromkeys(key, KeyType.RAW)
+    for column, kind in (key_types or {}).items():
+        if column not in result:
+            raise ImportSetupError(
+                f"key type given for {column!r}, which is not a key column ({', '.join(key)})"
+            )
+        try:
+            result[column] = KeyType(kind)
+        except ValueError:
+            choices = ", ".join(k.value for k in KeyType)
+            raise ImportSetupError(f"unknown key type {kind!r}; use one of {choices}") from None
+    return result
+
+
+def plan_import(
+    headers: Sequence[str],
+    table: TargetTable,
+    *,
+    key: Sequence[str],
+    dialect: Dialect,
+    key_types: Mapping[str, KeyType | str] | None = None,
+    mapping: Mapping[str, str | None] | None = None,
+    decimal: DecimalMode = "auto",
+) -> Plan:
+    """Map `headers` onto `table` and check that the import can work at all."""
+    if not key:
+        raise ImportSetupError("give the key column(s), e.g. --key cpf")
+    for column in key:
+        if column not in table.columns:
+            raise ImportSetupError(
+                f"table {table.display_name} has no column {column!r} for the key; "
+                f"its columns are: {', '.join(table.columns)}"
+            )
+    if len(set(key)) != len(key):
+        raise ImportSetupError(f"the key names a column twice: {', '.join(key)}")
+    if not any(set(key) == set(unique) for unique in table.unique_keys):
+        raise ImportSetupError(_not_unique_message(table, key))
+    kinds = _key_types(key, key_types)
+    chosen, ignored = _resolve_headers(headers, table, mapping or {})
+    mapped = set(chosen.values())
+    for column in key:
+        if column not in mapped:
+            raise ImportSetupError(
+                f"the file has no column for key {column!r} (headers: "
+                f"{', '.join(repr(h) for h in headers)}); map one with --map HEADER={column}"
+            )
+    for target in table.columns.values():
+        if target.name in mapped and target.generated_always:
+            raise ImportSetupError(
+                f"column {target.name!r} is generated by the database and cannot be written; "
+                f"leave header {headers[_position(chosen, target.name)]!r} out with "
+                f"--map '{headers[_position(chosen, target.name)]}='"
+            )
+        if target.name not in mapped and not target.nullable and not target.has_default:
+            raise ImportSetupError(
+                f"column {target.name!r} is NOT NULL and has no default, and the file has no "
+                f"column for it; map one with --map HEADER={target.name}"
+            )
+    columns = []
+    for i, column in sorted(chosen.items()):
+        target = table.columns[column]
+        kind = kinds.get(column)
+        columns.append(
+            ColumnPlan(
+                index=i,
+                header=headers[i],
+                column=column,
+                coerce=_coercer(target, dialect, decimal, kind),
+                key_type=kind,
+            )
+        )
+    names = [c.column for c in columns]
+    return Plan(
+        table=table,
+        columns=columns,
+        key=list(key),
+        key_positions=[names.index(k) for k in key],
+        ignored_headers=ignored,
+        width=len(headers),
+    )
+
+
+def _position(chosen: Mapping[int, str], column: str) -> int:
+    return next(i for i, c in chosen.items() if c == column)
+
+
+def _not_unique_message(table: TargetTable, key: Sequence[str]) -> str:
+    wanted = ", ".join(key)
+    if table.unique_keys:
+        have = "; ".join("(" + ", ".join(k) + ")" for k in table.unique_keys)
+        found = f"its unique keys are: {have}"
+    else:
+        found = "it has no primary key and no unique constraint"
+    return (
+        f"the key ({wanted}) is not backed by a unique constraint on {table.display_name}, "
+        f"so the database cannot tell a new row from an existing one; {found}. "
+        f"Add one, e.g. CREATE UNIQUE INDEX ON {table.display_name} ({wanted}), "
+        "or use one of those keys"
+    )
+
+
+# -- cell -> column value ------------------------------------------------------------
+
+
+def _coercer(
+    column: TargetColumn, dialect: Dialect, decimal: DecimalMode, key_type: KeyType | None
+) -> Coerce:
+    parse = _parser(column, dialect, decimal)
+    normalize = normalizer(key_type) if key_type and key_type is not KeyType.RAW else None
+    name = column.name
+
+    def empty() -> None:
+        if key_type is not None:
+            raise InvalidValue(f"missing key: {name} is empty")
+        if not column.nullable:
+            raise InvalidValue(f"{name} is empty, and the column is NOT NULL")
+
+    # Called for every cell of every row: the common case (non-empty text)
+    # takes one class check and one call.
+    if normalize is not None:
+
+        def coerce_key(value: object) -> object:
+            if value is None or (value.__class__ is str and (not value or value.isspace())):
+                empty()
+            return parse(normalize(value))
+
+        return coerce_key
+
+    if parse is to_text:
+
+        def coerce_text(value: object) -> object:
+            if value.__class__ is str:
+                if value and not value.isspace():
+                    return value
+            elif value is not None:
+                return to_text(value)
+            empty()
+            return None
+
+        return coerce_text
+
+    def coerce(value: object) -> object:
+        if value.__class__ is str:
+            if value and not value.isspace():
+                return parse(value)
+        elif value is not None:
+            return parse(value)
+        empty()
+        return None
+
+    return coerce
+
+
+def _parser(column: TargetColumn, dialect: Dialect, decimal: DecimalMode) -> Coerce:
+    kind = column.type
+    sqlite = dialect.name == "sqlite"
+    bind = kind.bind_processor(dialect) if sqlite else None
+
+    def sqlite_bind(parse: Coerce) -> Coerce:
+        # SQLite stores dates as text in SQLAlchemy's format; binding through
+        # SQLAlchemy's own processor keeps what the ORM reads and what we
+        # compare on a re-run identical.
+        if bind is None:
+            return parse
+        return lambda value: bind(parse(value))
+
+    if isinstance(kind, sa.Boolean):
+        return sqlite_bind(parse_bool)
+    if isinstance(kind, sa.Integer):
+        bits = 64 if sqlite else _integer_bits(kind)
+        low, high = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+
+        def integer(value: object) -> int:
+            number = parse_integer(value, decimal)
+            if not low <= number <= high:
+                raise InvalidValue(f"{number} is out of range for {column.name} ({kind})")
+            return number
+
+        return integer
+    if isinstance(kind, sa.Float):
+        return lambda value: float(parse_decimal(value, decimal))
+    if isinstance(kind, sa.Numeric):
+        return _numeric(column, decimal, sqlite)
+    if isinstance(kind, sa.DateTime):
+        return sqlite_bind(parse_datetime)
+    if isinstance(kind, sa.Date):
+        return sqlite_bind(parse_date)
+    if isinstance(kind, sa.Time):
+        return sqlite_bind(parse_time)
+    if isinstance(kind, sa.Uuid) and not sqlite:
+
+        def to_uuid(value: object) -> uuid.UUID:
+            try:
+                return uuid.UUID(to_text(value).strip())
+            except ValueError:
+                raise InvalidValue(f"{value!r} is not a UUID") from None
+
+        return to_uuid
+    if isinstance(kind, sa.String) and kind.length:
+        length = kind.length
+
+        def bounded(value: object) -> str:
+            text = to_text(value)
+            if len(text) > length:
+                raise InvalidValue(
+                    f"{column.name} has {len(text)} characters, the column holds {length}"
+                )
+            return text
+
+        return bounded
+    # Text, and types we do not know (JSON, arrays, enums...): the database
+    # checks them, and a value it refuses rejects only its own row.
+    return to_text
+
+
+def _integer_bits(kind: Any) -> int:
+    name = type(kind).__name__.lower()
+    if isinstance(kind, sa.SmallInteger) or name == "smallint":
+        return 16
+    if isinstance(kind, sa.BigInteger) or name == "bigint":
+        return 64
+    return _INTEGER_BITS.get(name, 32)
+
+
+def _numeric(column: TargetColumn, decimal: DecimalMode, sqlite: bool) -> Coerce:
+    kind = column.type
+    precision, scale = kind.precision, kind.scale
+    exponent = Decimal(1).scaleb(-scale) if scale is not None else None
+    limit = Decimal(10) ** (precision - (scale or 0)) if precision else None
+
+    def numeric(value: object) -> object:
+        number = parse_decimal(value, decimal)
+        if exponent is not None:
+            # PostgreSQL rounds half away from zero to the column's scale; do it
+            # here so the comparison on a re-run sees the stored value.
+            number = number.quantize(exponent, rounding=ROUND_HALF_UP)
+        if limit is not None and abs(number) >= limit:
+            raise InvalidValue(
+                f"{value!r} is too large for {column.name} (numeric({precision},{scale or 0}))"
+            )
+        return str(number) if sqlite else number
+
+    return numeric
