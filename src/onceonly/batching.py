@@ -26,12 +26,20 @@ class GroupCommit(Generic[T, R]):
     result per item, in order, after its transaction committed."""
 
     def __init__(
-        self, flush: Callable[[Sequence[T]], Awaitable[Sequence[R]]], *, max_batch: int = 1000
+        self,
+        flush: Callable[[Sequence[T]], Awaitable[Sequence[R]]],
+        *,
+        max_batch: int = 1000,
+        max_in_flight: int = 1,
     ) -> None:
         self.flush = flush
         self.max_batch = max_batch
+        # More than one batch in flight pays off where the database commits
+        # several transactions in parallel (PostgreSQL); SQLite has one writer.
+        self.max_in_flight = max_in_flight
         self._queue: list[tuple[T, asyncio.Future[R]]] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self._running = 0
+        self._tasks: set[asyncio.Task[None]] = set()  # strong references only
         #: Transactions committed and items carried, for tests and metrics.
         self.batches = 0
         self.items = 0
@@ -39,8 +47,14 @@ class GroupCommit(Generic[T, R]):
     async def submit(self, item: T) -> R:
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._queue.append((item, future))
-        if self._flusher is None:
-            self._flusher = asyncio.create_task(self._run())
+        if self._running < self.max_in_flight:
+            # Counted here and uncounted in _run's finally, with no await in
+            # between the empty-queue check and it: an item is never left
+            # queued with no flusher coming.
+            self._running += 1
+            task = asyncio.create_task(self._run())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         return await future
 
     async def _run(self) -> None:
@@ -70,4 +84,4 @@ class GroupCommit(Generic[T, R]):
                     if not future.done():  # the caller may have gone away
                         future.set_result(result)
         finally:
-            self._flusher = None
+            self._running -= 1

@@ -25,7 +25,9 @@ class Inbox:
     def __init__(self, store: Store, providers: Mapping[str, Provider]) -> None:
         self.store = store
         self.providers = dict(providers)
-        self.commits: GroupCommit[NewEvent, Receipt] = GroupCommit(store.insert_events)
+        self.commits: GroupCommit[NewEvent, Receipt] = GroupCommit(
+            store.insert_events, max_in_flight=store.commit_concurrency
+        )
 
     def provider(self, name: str) -> Provider:
         try:

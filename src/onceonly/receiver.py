@@ -122,11 +122,12 @@ class Receiver:
             body = await read_body(headers, receive, self.max_body_bytes)
             if body is None:
                 return  # the client disconnected; there is nobody to answer
+            raw_query: bytes = scope.get("query_string", b"")
             delivery = Delivery(
                 provider=provider,
                 body=body,
                 headers=headers,
-                query=dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"))),
+                query=dict(parse_qsl(raw_query.decode("latin-1"))) if raw_query else {},
             )
             receipt = await self.inbox.receive(delivery)
         except DeliveryRejected as exc:

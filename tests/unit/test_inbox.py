@@ -124,3 +124,29 @@ async def test_inbox_stores_identified_event_once() -> None:
     assert (first.duplicate, second.duplicate) == (False, True)
     (stored,) = store.events.values()
     assert (stored.event_id, stored.event_type, stored.body) == ("evt_9", "invoice.paid", body)
+
+
+async def test_two_batches_in_flight_when_the_engine_allows_it() -> None:
+    store = SlowStore()
+    in_flight = 0
+    peak = 0
+
+    async def flush(events: Sequence[NewEvent]) -> list[Receipt]:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        try:
+            return await store.insert_events(events)
+        finally:
+            in_flight -= 1
+
+    commits = GroupCommit(flush, max_in_flight=2)
+    first = asyncio.create_task(commits.submit(new_event("a")))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(commits.submit(new_event("b")))
+    rest = [asyncio.create_task(commits.submit(new_event(f"c{i}"))) for i in range(20)]
+    receipts = await asyncio.gather(first, second, *rest)
+    assert peak == 2
+    assert [r.duplicate for r in receipts] == [False] * 22
+    # Nothing is left waiting once the flushers have gone idle.
+    assert not (await commits.submit(new_event("late"))).duplicate

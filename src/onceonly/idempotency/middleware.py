@@ -197,8 +197,13 @@ class IdempotencyMiddleware:
         self.release_statuses = frozenset(release_statuses)
         self.dropped_headers = HOP_HEADERS | ({"set-cookie"} if not replay_set_cookie else set())
         self.cache = _ResponseCache(cache_bytes)
-        self.claims: GroupCommit[KeyClaim, ClaimOutcome] = GroupCommit(self._claim_batch)
-        self.completions: GroupCommit[Completion, bool] = GroupCommit(self._complete_batch)
+        in_flight = self.store.commit_concurrency
+        self.claims: GroupCommit[KeyClaim, ClaimOutcome] = GroupCommit(
+            self._claim_batch, max_in_flight=in_flight
+        )
+        self.completions: GroupCommit[Completion, bool] = GroupCommit(
+            self._complete_batch, max_in_flight=in_flight
+        )
 
     async def _claim_batch(self, claims: Sequence[KeyClaim]) -> list[ClaimOutcome]:
         return await self.keys.claim(

@@ -30,6 +30,10 @@ class Store(ABC):
     #: The URL it was opened with (without a password), for messages.
     url: str
 
+    #: How many group-commit batches may be in flight at once: more than one
+    #: pays off only where the engine commits transactions in parallel.
+    commit_concurrency: int = 1
+
     @abstractmethod
     async def open(self) -> None:
         """Connect, and bring the schema up to date when `auto_migrate` is set.

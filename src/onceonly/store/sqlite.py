@@ -27,11 +27,11 @@ __all__ = ["SQLiteStore"]
 
 T = TypeVar("T")
 
-_INSERT = (
-    "INSERT INTO onceonly_events (provider, event_id, event_type, body, headers)"
-    " VALUES (?, ?, ?, ?, ?)"
-    " ON CONFLICT (provider, event_id) DO NOTHING RETURNING id"
-)
+# One multi-row statement per batch (measured a few % faster than a statement
+# per row); SQLite allows 32,766 parameters, five per row.
+_INSERT_HEAD = "INSERT INTO onceonly_events (provider, event_id, event_type, body, headers) VALUES "
+_INSERT_TAIL = " ON CONFLICT (provider, event_id) DO NOTHING RETURNING provider, event_id, id"
+_ROWS_PER_STATEMENT = 6000
 _COLUMNS = (
     "id, provider, event_id, event_type, body, headers, received_at, status, attempts, last_error"
 )
@@ -185,20 +185,33 @@ class SQLiteStore(Store):
 
     async def insert_events(self, events: Sequence[NewEvent]) -> list[Receipt]:
         await self._ensure_open()
-        rows = [
-            (e.provider, e.event_id, e.event_type, e.body, json.dumps(dict(e.headers)))
-            for e in events
-        ]
 
         def insert(conn: sqlite3.Connection) -> list[Receipt]:
-            receipts = []
+            # Rows are built here, on the store's thread, to keep that work
+            # (headers to JSON) off the event loop that answers requests.
+            new: dict[tuple[str, str], int] = {}
             conn.execute("BEGIN IMMEDIATE")
-            for row in rows:
-                inserted = conn.execute(_INSERT, row).fetchone()
-                receipts.append(
-                    Receipt(duplicate=False, id=inserted[0]) if inserted else Receipt(True)
-                )
+            for start in range(0, len(events), _ROWS_PER_STATEMENT):
+                chunk = events[start : start + _ROWS_PER_STATEMENT]
+                params: list[object] = []
+                for e in chunk:
+                    params += (
+                        e.provider,
+                        e.event_id,
+                        e.event_type,
+                        e.body,
+                        json.dumps(dict(e.headers)),
+                    )
+                sql = _INSERT_HEAD + ", ".join(["(?, ?, ?, ?, ?)"] * len(chunk)) + _INSERT_TAIL
+                for provider, event_id, row_id in conn.execute(sql, params):
+                    new[(provider, event_id)] = row_id
             conn.execute("COMMIT")
+            # RETURNING lists only inserted rows. Within one batch the same key
+            # can appear twice; the first occurrence is the new one.
+            receipts = []
+            for e in events:
+                row_id = new.pop((e.provider, e.event_id), None)
+                receipts.append(Receipt(duplicate=row_id is None, id=row_id))
             return receipts
 
         return await self._run(insert)
