@@ -1,0 +1,1060 @@
+"""Receive throughput: onceonly against a bare Starlette endpoint, measured with wrk.
+
+One run measures, one after the other, with the same wrk settings and the same
+request bytes:
+
+  bare      benchmarks/bare_app.py: Starlette under uvicorn, POST reads the body
+            and answers 200 JSON (no verification, no database);
+  sqlite    `onceonly serve` on a fresh SQLite file in a temporary directory;
+  postgres  `onceonly serve` on a fresh PostgreSQL database (dropped and created
+            for the run, dropped again at exit unless --keep-db).
+
+Every request is a distinct Stripe event (unique `evt_` id) with a valid
+Stripe-Signature, signed ahead of time into a file that benchmarks/receive.lua
+cycles through, one slice per wrk thread; warm-up and measurement use disjoint
+slices. So onceonly does real verification and real inserts, never duplicates.
+
+After each onceonly run the script counts the rows the run stored and checks
+them against what wrk sent: rows == 2xx + requests still in flight when wrk
+stopped (wrk closes its connections without waiting for the last answers, but
+those events reach the server and are committed), in flight <= connections, no
+non-2xx answer, no socket error, no event sent twice. Since every id is sent
+once, this equality also proves each 2xx answer was a fresh insert. A failed
+check is printed in capitals and makes the exit status 1.
+
+The table also shows the server process's CPU use during the measurement (% of
+one core: near 100% means the event loop is the limit) and the CPU used by
+anything outside the benchmark (% of the machine). Before each target the script
+waits (--wait-quiet) for the machine to be nearly idle; foreign load above 10%
+during a measurement is reported as a warning: the figures are then unreliable.
+
+The project's goal (2-core machine, 32 connections): onceonly >= 50% of the
+bare endpoint's requests/s on SQLite and on PostgreSQL, with p99 <= 25 ms.
+Missing the goal is reported, not an error.
+
+wrk and the servers share the machine's cores: keep --threads 1 on 2 cores.
+Needs wrk (apt-get install wrk) and, for the postgres target, a PostgreSQL
+server reachable at --pg-admin-url with rights to create databases.
+
+Exit status: 0 all checks passed, 1 a check failed, 2 the benchmark could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import hmac
+import http.client
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import re
+import resource
+import secrets
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+from urllib.parse import urlsplit, urlunsplit
+
+HERE = Path(__file__).resolve().parent
+LUA_SCRIPT = HERE / "receive.lua"
+BARE_APP = HERE / "bare_app.py"
+PATH = "/webhooks/stripe"
+SECRET = "whsec_onceonly_benchmark_secret"
+TARGETS = ("bare", "sqlite", "postgres")
+GOAL_RATIO = 0.50
+GOAL_P99_MS = 25.0
+STRIPE_TOLERANCE_S = 300
+BUSY_WARNING_PCT = 10.0
+RESULT_PREFIX = "RECEIVE_RESULT "
+
+# A payment_intent.succeeded event as Stripe sends it (compact: one line per
+# request in the requests file), about 600 bytes. %(...)s are filled per event.
+_EVENT = {
+    "id": "%(evt)s",
+    "object": "event",
+    "api_version": "2024-06-20",
+    "created": "%(created)s",
+    "data": {
+        "object": {
+            "id": "pi_3%(key)s",
+            "object": "payment_intent",
+            "amount": 2000,
+            "created": "%(created)s",
+            "currency": "usd",
+            "customer": "cus_Q%(key)s",
+            "description": "Order %(n)s",
+            "livemode": False,
+            "metadata": {"order_id": "%(n)s"},
+            "payment_method": "pm_1%(key)s",
+            "payment_method_types": ["card"],
+            "status": "succeeded",
+        }
+    },
+    "livemode": False,
+    "pending_webhooks": 1,
+    "request": {"id": "req_%(key)s", "idempotency_key": "%(idem)s"},
+    "type": "payment_intent.succeeded",
+}
+BODY_TEMPLATE = json.dumps(_EVENT, separators=(",", ":")).replace('"%(created)s"', "%(created)d")
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class BenchmarkError(Exception):
+    """The benchmark could not run (as opposed to a failed check)."""
+
+
+# ---------------------------------------------------------------------------
+# Signed requests
+
+
+@dataclass
+class RequestsFile:
+    path: Path
+    count: int
+    tag: str
+    signed_at: int
+
+    def event_id(self, index: int) -> str:
+        return f"evt_1{self.tag}{index:010d}"
+
+    def age(self) -> float:
+        return time.time() - self.signed_at
+
+
+def write_requests(path: Path, count: int, secret: str) -> RequestsFile:
+    """`count` distinct events, each signed as Stripe does; one per line."""
+    tag = "".join(
+        secrets.choice("ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz") for _ in range(8)
+    )
+    now = int(time.time())
+    key = secret.encode()
+    prefix = f"{now}.".encode()
+    sig_prefix = f"t={now},v1="
+    with path.open("w", encoding="ascii", newline="\n") as out:
+        for i in range(count):
+            body = BODY_TEMPLATE % {
+                "evt": f"evt_1{tag}{i:010d}",
+                "created": now,
+                "key": f"{tag}{i:010d}Bn",
+                "n": f"{i:08d}",
+                "idem": f"{tag[:8]}-{i >> 16:04x}-4{i & 0xFFF:03x}-8000-{i:012x}",
+            }
+            raw = body.encode()
+            signature = hmac.new(key, prefix + raw, hashlib.sha256).hexdigest()
+            out.write(f"{sig_prefix}{signature}\t{body}\n")
+        # On disk now: otherwise the kernel writes these ~200 MB back some 30 s
+        # later, in the middle of a measurement, and every fsync waits behind it.
+        out.flush()
+        os.fsync(out.fileno())
+    return RequestsFile(path, count, tag, now)
+
+
+# ---------------------------------------------------------------------------
+# Processes
+
+
+class Processes:
+    """Every child this script starts, so that all of them end with it."""
+
+    def __init__(self) -> None:
+        self.live: list[subprocess.Popen[bytes]] = []
+
+    def start(
+        self,
+        argv: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        stdout: IO[bytes] | int | None = None,
+        stderr: IO[bytes] | int | None = None,
+    ) -> subprocess.Popen[bytes]:
+        # Own session: a Ctrl-C in the terminal reaches only this script, which
+        # then stops the children itself, in order.
+        proc = subprocess.Popen(
+            list(argv),
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            start_new_session=True,
+        )
+        self.live.append(proc)
+        return proc
+
+    def stop(self, proc: subprocess.Popen[bytes], *, grace: float = 15.0) -> None:
+        """SIGINT (uvicorn's graceful shutdown), then SIGKILL after `grace` seconds."""
+        if proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc in self.live:
+            self.live.remove(proc)
+
+    def stop_all(self) -> None:
+        for proc in list(self.live):
+            self.stop(proc, grace=5.0)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def http_status(port: int, method: str, path: str, body: bytes | None = None) -> int | None:
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        try:
+            headers = {"content-type": "application/json"} if body is not None else {}
+            conn.request(method, path, body=body, headers=headers)
+            return conn.getresponse().status
+        finally:
+            conn.close()
+    except OSError:
+        return None
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _machine_ticks() -> tuple[int, int]:
+    """(busy, total) CPU ticks of the whole machine; steal counts as neither."""
+    with open("/proc/stat") as stat:
+        fields = [int(x) for x in stat.readline().split()[1:9]]
+    user, nice, system, idle, iowait, irq, softirq, _steal = fields
+    busy = user + nice + system + irq + softirq
+    return busy, busy + idle + iowait
+
+
+def _process_ticks(pid: int) -> int:
+    """utime + stime of a process (all its threads), 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
+def _postgres_ticks() -> int:
+    total = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/comm") as comm:
+                    if comm.read().strip() != "postgres":
+                        continue
+            except OSError:
+                continue
+            total += _process_ticks(int(entry.name))
+    return total
+
+
+def _own_ticks() -> float:
+    """CPU of this script and of its reaped children (wrk), in ticks."""
+    ours = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    seconds = ours.ru_utime + ours.ru_stime + children.ru_utime + children.ru_stime
+    return seconds * CLOCK_TICKS
+
+
+def machine_busy_pct(seconds: float = 1.0) -> float:
+    busy0, total0 = _machine_ticks()
+    time.sleep(seconds)
+    busy1, total1 = _machine_ticks()
+    return 100 * (busy1 - busy0) / max(1, total1 - total0)
+
+
+def wait_for_quiet(limit: float) -> None:
+    """Wait up to `limit` seconds until the machine is nearly idle (another test
+    suite running alongside would skew the figures)."""
+    deadline = time.monotonic() + limit
+    busy = machine_busy_pct()
+    if busy < BUSY_WARNING_PCT:
+        return
+    log(f"machine busy ({busy:.0f}% CPU); waiting up to {limit:.0f} s for it to calm down")
+    while time.monotonic() < deadline:
+        busy = machine_busy_pct()
+        if busy < BUSY_WARNING_PCT:
+            return
+    log(f"still {busy:.0f}% busy; measuring anyway")
+
+
+@dataclass
+class CpuUse:
+    server_pct: float  # the server process, % of one core
+    other_pct: float  # processes that are not part of the benchmark, % of the machine
+
+
+class CpuMeter:
+    """Who used the CPU while wrk ran: the server, and anything foreign.
+
+    Foreign load (another test suite, a build) on a 2-core machine moves the
+    figures a lot; it is measured so that a disturbed run can be told apart.
+    Ours are the server, wrk and this script (reaped children), and PostgreSQL's
+    processes (part of the system under test on the postgres target).
+    """
+
+    def __init__(self, server_pid: int) -> None:
+        self.pid = server_pid
+        self.start = time.monotonic()
+        self.machine = _machine_ticks()
+        self.server = _process_ticks(server_pid)
+        self.postgres = _postgres_ticks()
+        self.own = _own_ticks()
+
+    def stop(self) -> CpuUse:
+        elapsed = time.monotonic() - self.start
+        busy, total = _machine_ticks()
+        server = _process_ticks(self.pid) - self.server
+        postgres = _postgres_ticks() - self.postgres
+        own = _own_ticks() - self.own
+        foreign = (busy - self.machine[0]) - server - postgres - own
+        return CpuUse(
+            server_pct=round(100 * server / CLOCK_TICKS / elapsed, 1),
+            other_pct=round(max(0.0, 100 * foreign / max(1, total - self.machine[1])), 1),
+        )
+
+
+@dataclass
+class Server:
+    name: str
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@contextmanager
+def server(
+    procs: Processes,
+    name: str,
+    argv: Sequence[str],
+    *,
+    port: int,
+    env: dict[str, str],
+    cwd: Path,
+    ready: tuple[str, str, bytes | None],
+    timeout: float = 30.0,
+) -> Iterator[Server]:
+    log_path = cwd / f"{name}.log"
+    with log_path.open("wb") as log_file:
+        proc = procs.start(argv, env=env, cwd=cwd, stdout=log_file, stderr=subprocess.STDOUT)
+    srv = Server(name, proc, port, log_path)
+    try:
+        method, path, body = ready
+        deadline = time.monotonic() + timeout
+        while http_status(port, method, path, body) != 200:
+            if proc.poll() is not None:
+                raise BenchmarkError(
+                    f"{name} server exited with {proc.returncode}:\n{srv.log_tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise BenchmarkError(
+                    f"{name} server not ready after {timeout} s:\n{srv.log_tail()}"
+                )
+            time.sleep(0.1)
+        yield srv
+    finally:
+        procs.stop(proc)
+
+
+# ---------------------------------------------------------------------------
+# wrk
+
+
+@dataclass
+class WrkResult:
+    duration_s: float
+    requests: int  # responses received
+    non_2xx: int  # wrk counts statuses > 399; nothing here answers 1xx/3xx
+    socket_errors: dict[str, int]
+    latency_ms: dict[str, float]
+    sent: int  # requests written (request() calls, less wrk's start-up parse check)
+    wraps: int  # times a thread ran out of its slice and began resending events
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.duration_s if self.duration_s else 0.0
+
+    @property
+    def ok_2xx(self) -> int:
+        return self.requests - self.non_2xx
+
+    @property
+    def in_flight(self) -> int:
+        return self.sent - self.requests
+
+
+def run_wrk(
+    procs: Processes,
+    wrk: str,
+    port: int,
+    requests: RequestsFile,
+    first: int,
+    last: int,
+    *,
+    duration: int,
+    connections: int,
+    threads: int,
+) -> WrkResult:
+    argv = [
+        wrk,
+        f"-t{threads}",
+        f"-c{connections}",
+        f"-d{duration}s",
+        "-s",
+        str(LUA_SCRIPT),
+        f"http://127.0.0.1:{port}{PATH}",
+        "--",
+        str(requests.path),
+        str(first),
+        str(last),
+        str(threads),
+    ]
+    proc = procs.start(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=duration + 120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise BenchmarkError("wrk did not finish in time") from None
+    finally:
+        procs.stop(proc)
+    text = out.decode(errors="replace")
+    line = next((ln for ln in text.splitlines() if ln.startswith(RESULT_PREFIX)), None)
+    if proc.returncode != 0 or line is None:
+        raise BenchmarkError(
+            f"wrk failed (exit {proc.returncode}):\n{text}\n{err.decode(errors='replace')}"
+        )
+    data: dict[str, Any] = json.loads(line[len(RESULT_PREFIX) :])
+    errors = data["errors"]
+    per_thread: list[dict[str, int]] = data["threads"]
+    return WrkResult(
+        duration_s=data["duration_us"] / 1e6,
+        requests=data["requests"],
+        non_2xx=errors["status"],
+        socket_errors={k: errors[k] for k in ("connect", "read", "write", "timeout")},
+        latency_ms={k: v / 1000 for k, v in data["latency_us"].items()},
+        # wrk calls request() once before the run to check the script's request
+        # parses (thread 1 only); that one is never sent.
+        sent=sum(t["calls"] for t in per_thread) - 1,
+        wraps=sum(t["wraps"] for t in per_thread),
+    )
+
+
+# ---------------------------------------------------------------------------
+# Databases
+
+
+def pg_url_for(admin_url: str, database: str) -> str:
+    return urlunsplit(urlsplit(admin_url)._replace(path=f"/{database}"))
+
+
+async def _pg_admin(admin_url: str, statements: Sequence[str]) -> None:
+    import asyncpg
+
+    try:
+        conn = await asyncpg.connect(admin_url, timeout=5)
+        try:
+            for statement in statements:
+                await conn.execute(statement)
+        finally:
+            await conn.close()
+    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+        raise BenchmarkError(f"PostgreSQL at {admin_url}: {exc!r}") from exc
+
+
+def pg_recreate(admin_url: str, database: str) -> str:
+    asyncio.run(
+        _pg_admin(
+            admin_url,
+            [f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)', f'CREATE DATABASE "{database}"'],
+        )
+    )
+    return pg_url_for(admin_url, database)
+
+
+def pg_drop(admin_url: str, database: str) -> None:
+    asyncio.run(_pg_admin(admin_url, [f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)']))
+
+
+async def _pg_version(admin_url: str) -> str:
+    import asyncpg
+
+    try:
+        conn = await asyncpg.connect(admin_url, timeout=5)
+        try:
+            return str(await conn.fetchval("SHOW server_version"))
+        finally:
+            await conn.close()
+    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+        raise BenchmarkError(
+            f"PostgreSQL not reachable at {admin_url} ({exc!r}); start it, pass "
+            "--pg-admin-url, or leave postgres out of --targets"
+        ) from exc
+
+
+_COUNT_RANGE = (
+    "SELECT count(*) FROM onceonly_events WHERE provider = 'stripe'"
+    " AND event_id >= {lo} AND event_id < {hi}"
+)
+
+
+def count_rows(url: str, ranges: Sequence[tuple[str, str]]) -> tuple[int, list[int]]:
+    """(all rows, rows per [lo, hi) event-id range) in onceonly_events at `url`."""
+    if url.startswith("sqlite:///"):
+        conn = sqlite3.connect(f"file:{url[len('sqlite:///') :]}?mode=ro", uri=True)
+        try:
+            total = int(conn.execute("SELECT count(*) FROM onceonly_events").fetchone()[0])
+            sql = _COUNT_RANGE.format(lo="?", hi="?")
+            per = [int(conn.execute(sql, r).fetchone()[0]) for r in ranges]
+        finally:
+            conn.close()
+        return total, per
+
+    async def pg() -> tuple[int, list[int]]:
+        import asyncpg
+
+        conn = await asyncpg.connect(url, timeout=5)
+        try:
+            total = int(await conn.fetchval("SELECT count(*) FROM onceonly_events"))
+            sql = _COUNT_RANGE.format(lo="$1", hi="$2")
+            per = [int(await conn.fetchval(sql, lo, hi)) for lo, hi in ranges]
+        finally:
+            await conn.close()
+        return total, per
+
+    return asyncio.run(pg())
+
+
+# ---------------------------------------------------------------------------
+# One target
+
+
+@dataclass
+class RowCheck:
+    phase: str
+    rows: int
+    sent: int
+    ok_2xx: int
+    in_flight: int
+    wraps: int
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def check_rows(phase: str, rows: int, run: WrkResult, connections: int) -> RowCheck:
+    check = RowCheck(phase, rows, run.sent, run.ok_2xx, run.in_flight, run.wraps)
+    if run.wraps:
+        check.problems.append(
+            f"the requests file ran out {run.wraps} time(s): events were sent twice "
+            "(raise --events)"
+        )
+    if rows < run.ok_2xx:
+        check.problems.append(
+            f"{run.ok_2xx - rows} 2xx answers have no new row (duplicates, or lost events)"
+        )
+    if rows != run.ok_2xx + run.in_flight:
+        check.problems.append(
+            f"rows {rows} != 2xx {run.ok_2xx} + in flight at wrk's stop {run.in_flight}"
+        )
+    if not 0 <= run.in_flight <= connections:
+        check.problems.append(f"{run.in_flight} requests in flight with {connections} connections")
+    return check
+
+
+@dataclass
+class TargetResult:
+    target: str
+    database: str | None
+    requests: int
+    duration_s: float
+    requests_per_s: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    max_ms: float
+    non_2xx: int
+    socket_errors: int
+    warmup_requests_per_s: float
+    warmup_non_2xx: int
+    server_cpu_pct: float
+    other_cpu_pct: float
+    ratio_vs_bare: float | None = None
+    warnings: list[str] = field(default_factory=list)
+    row_checks: list[RowCheck] = field(default_factory=list)
+    total_rows: int | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(c.ok for c in self.row_checks)
+
+    def goal_met(self) -> bool | None:
+        if self.target == "bare" or self.ratio_vs_bare is None:
+            return None
+        return self.ratio_vs_bare >= GOAL_RATIO and self.p99_ms <= GOAL_P99_MS
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["row_checks"] = [{**asdict(c), "ok": c.ok} for c in self.row_checks]
+        data["ok"] = self.ok
+        data["goal_met"] = self.goal_met()
+        return data
+
+
+@dataclass
+class Settings:
+    duration: int
+    warmup: int
+    connections: int
+    threads: int
+    events: int
+    wrk: str
+    pg_admin_url: str
+    pg_database: str
+    wait_quiet: int
+
+
+def measure(
+    procs: Processes,
+    settings: Settings,
+    target: str,
+    workdir: Path,
+    requests: RequestsFile,
+    database_url: str | None,
+) -> TargetResult:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEONLY_")}
+    ready: tuple[str, str, bytes | None]
+    if target == "bare":
+        argv = [sys.executable, str(BARE_APP), "--host", "127.0.0.1", "--port", str(port)]
+        ready = ("POST", PATH, b"{}")
+    else:
+        assert database_url is not None
+        env["ONCEONLY_STRIPE_SECRET"] = SECRET
+        env["ONCEONLY_DATABASE_URL"] = database_url
+        argv = [sys.executable, "-m", "onceonly.cli", "serve", "--host", "127.0.0.1"]
+        argv += ["--port", str(port), "--log-level", "warning", "--no-access-log"]
+        ready = ("GET", "/healthz", None)
+
+    # Disjoint slices: [0, split) warms up, [split, events) is measured.
+    total = settings.warmup + settings.duration
+    split = math.ceil(requests.count * settings.warmup / total) if settings.warmup else 0
+    slices = {"warm-up": (0, split), "measured": (split, requests.count)}
+
+    def wrk(phase: str, duration: int) -> WrkResult:
+        first, last = slices[phase]
+        return run_wrk(
+            procs,
+            settings.wrk,
+            port,
+            requests,
+            first,
+            last,
+            duration=duration,
+            connections=settings.connections,
+            threads=settings.threads,
+        )
+
+    with server(procs, target, argv, port=port, env=env, cwd=workdir, ready=ready) as srv:
+        log(f"[{target}] server pid {srv.proc.pid} on port {port}")
+        warm: WrkResult | None = None
+        if settings.warmup:
+            log(f"[{target}] warm-up {settings.warmup} s")
+            warm = wrk("warm-up", settings.warmup)
+        log(f"[{target}] measuring {settings.duration} s")
+        meter = CpuMeter(srv.proc.pid)
+        run = wrk("measured", settings.duration)
+        cpu = meter.stop()
+        if srv.proc.poll() is not None:
+            raise BenchmarkError(f"{target} server died during the run:\n{srv.log_tail()}")
+    # The server has shut down gracefully: every event it took is committed.
+
+    result = TargetResult(
+        target=target,
+        database=database_url,
+        requests=run.requests,
+        duration_s=round(run.duration_s, 3),
+        requests_per_s=round(run.rps, 1),
+        p50_ms=run.latency_ms["p50"],
+        p90_ms=run.latency_ms["p90"],
+        p99_ms=run.latency_ms["p99"],
+        max_ms=run.latency_ms["max"],
+        non_2xx=run.non_2xx,
+        socket_errors=sum(run.socket_errors.values()),
+        warmup_requests_per_s=round(warm.rps, 1) if warm else 0.0,
+        warmup_non_2xx=warm.non_2xx if warm else 0,
+        server_cpu_pct=cpu.server_pct,
+        other_cpu_pct=cpu.other_pct,
+    )
+    if cpu.other_pct > BUSY_WARNING_PCT:
+        result.warnings.append(
+            f"other processes used {cpu.other_pct:.0f}% of the machine's CPU during the "
+            "measurement: figures unreliable, run again on a quiet machine"
+        )
+    for phase, phase_run in (("warm-up", warm), ("measured", run)):
+        if phase_run is None:
+            continue
+        if phase_run.non_2xx:
+            result.problems.append(f"{phase}: {phase_run.non_2xx} non-2xx responses")
+        if any(phase_run.socket_errors.values()):
+            result.problems.append(f"{phase}: socket errors {phase_run.socket_errors}")
+
+    if database_url is not None:
+        ranges = [
+            (requests.event_id(slices[p][0]), requests.event_id(slices[p][1]))
+            for p in ("warm-up", "measured")
+        ]
+        total_rows, (warm_rows, run_rows) = count_rows(database_url, ranges)
+        result.total_rows = total_rows
+        if warm is not None:
+            result.row_checks.append(check_rows("warm-up", warm_rows, warm, settings.connections))
+        result.row_checks.append(check_rows("measured", run_rows, run, settings.connections))
+        if total_rows != warm_rows + run_rows:
+            result.problems.append(
+                f"{total_rows - warm_rows - run_rows} rows in the table that this run never sent"
+            )
+    return result
+
+
+# ---------------------------------------------------------------------------
+# Report
+
+
+def environment(settings: Settings, targets: Sequence[str]) -> dict[str, Any]:
+    def version(dist: str) -> str | None:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    wrk_version = subprocess.run(
+        [settings.wrk, "-v"], capture_output=True, text=True, check=False
+    ).stdout.split("\n")[0]
+    env: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "onceonly": version("onceonly"),
+        "uvicorn": version("uvicorn"),
+        "uvloop": version("uvloop"),
+        "httptools": version("httptools"),
+        "starlette": version("starlette"),
+        "sqlite": sqlite3.sqlite_version,
+        "wrk": wrk_version.strip(),
+    }
+    if "sqlite" in targets or "postgres" in targets:
+        env.update(onceonly_source())
+    if "postgres" in targets:
+        env["postgresql"] = asyncio.run(_pg_version(settings.pg_admin_url))
+    return env
+
+
+def onceonly_source() -> dict[str, str | None]:
+    """Which onceonly the servers will import (PYTHONPATH can point elsewhere), and
+    its git revision: the code under test may change between runs."""
+    found = subprocess.run(
+        [sys.executable, "-c", "import onceonly; print(onceonly.__file__)"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if found.returncode != 0:
+        raise BenchmarkError(f"cannot import onceonly:\n{found.stderr}")
+    package = Path(found.stdout.strip()).parent
+    try:
+        git = subprocess.run(
+            ["git", "-C", str(package), "describe", "--always", "--dirty", "--exclude", "*"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        revision = git.stdout.strip() if git.returncode == 0 else None
+    except OSError:  # no git
+        revision = None
+    return {"onceonly_path": str(package), "onceonly_git": revision}
+
+
+def print_table(results: Sequence[TargetResult], settings: Settings, env: dict[str, Any]) -> None:
+    print(
+        f"\nreceive benchmark: wrk -t{settings.threads} -c{settings.connections} "
+        f"-d{settings.duration}s after a {settings.warmup} s warm-up; "
+        f"{env['cpus']} CPUs; Python {env['python']}, uvicorn {env['uvicorn']}, "
+        f"uvloop {env['uvloop']}, httptools {env['httptools']}; {env['wrk']}"
+    )
+    if "onceonly_path" in env:
+        print(
+            f"onceonly from {env['onceonly_path']} (git {env['onceonly_git'] or 'n/a'}), "
+            f"SQLite {env['sqlite']}, PostgreSQL {env.get('postgresql', 'n/a')}"
+        )
+    header = (
+        f"{'target':<10}{'requests/s':>11}{'p50 ms':>8}{'p99 ms':>8}{'non-2xx':>8}"
+        f"{'vs bare':>8}{'srv CPU':>8}{'other':>7}  {'checks':<8}{'goal':<6}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        ratio = f"{r.ratio_vs_bare:.0%}" if r.ratio_vs_bare is not None else "-"
+        check = ("OK" if r.ok else "FAILED") if r.database is not None or not r.ok else "-"
+        goal = {None: "-", True: "met", False: "MISSED"}[r.goal_met()]
+        print(
+            f"{r.target:<10}{r.requests_per_s:>11,.0f}{r.p50_ms:>8.2f}{r.p99_ms:>8.2f}"
+            f"{r.non_2xx:>8}{ratio:>8}{r.server_cpu_pct:>7.0f}%{r.other_cpu_pct:>6.0f}%"
+            f"  {check:<8}{goal:<6}"
+        )
+    print(
+        f"goal: onceonly >= {GOAL_RATIO:.0%} of bare requests/s and p99 <= {GOAL_P99_MS:g} ms. "
+        "srv CPU: server process, % of one core; other: CPU used by anything outside "
+        "the benchmark, % of the machine"
+    )
+    for r in results:
+        for c in r.row_checks:
+            verdict = "OK" if c.ok else "FAILED"
+            print(
+                f"rows {r.target} {c.phase}: {c.rows} rows = {c.ok_2xx} answered 2xx "
+                f"+ {c.in_flight} in flight at wrk's stop (sent {c.sent}, resent {c.wraps}): "
+                f"{verdict}"
+            )
+        if r.total_rows is not None:
+            print(f"rows {r.target} table total: {r.total_rows}")
+    print_problems(results, sys.stdout)
+
+
+def print_problems(results: Sequence[TargetResult], out: IO[str]) -> None:
+    for r in results:
+        for warning in r.warnings:
+            print(f"!!! WARNING [{r.target}]: {warning}", file=out)
+        for problem in r.problems + [p for c in r.row_checks for p in c.problems]:
+            print(f"!!! CHECK FAILED [{r.target}]: {problem.upper()}", file=out)
+
+
+# ---------------------------------------------------------------------------
+# Main
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every option's default."""
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    doc = __doc__ or ""
+    parser = argparse.ArgumentParser(
+        prog="python benchmarks/receive.py",
+        description=doc.split("\n\n", 1)[0],
+        epilog=doc.split("\n\n", 1)[1],
+        formatter_class=_HelpFormatter,
+    )
+    parser.add_argument("--duration", type=int, default=10, help="seconds measured per target")
+    parser.add_argument(
+        "--warmup", type=int, default=2, help="seconds of load before each measurement (0: none)"
+    )
+    parser.add_argument("--connections", type=int, default=32, help="wrk connections (-c)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="wrk threads (-t); each gets its own events"
+    )
+    parser.add_argument(
+        "--targets",
+        default=",".join(TARGETS),
+        help="comma-separated subset of bare,sqlite,postgres",
+    )
+    parser.add_argument(
+        "--events",
+        type=int,
+        default=0,
+        help="signed events to prepare; 0: 25,000 per second of warm-up and "
+        "measurement, at least 300,000",
+    )
+    parser.add_argument(
+        "--pg-admin-url",
+        default=os.environ.get(
+            "ONCEONLY_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+        ),
+        help="PostgreSQL URL used to drop and create the benchmark database "
+        "[env: ONCEONLY_BENCH_POSTGRES_URL]",
+    )
+    parser.add_argument(
+        "--pg-database",
+        default="onceonly_bench",
+        help="database dropped and created for the run",
+    )
+    parser.add_argument(
+        "--wait-quiet",
+        type=int,
+        default=60,
+        metavar="SECONDS",
+        help="before each target, wait up to this long for the machine to be nearly "
+        f"idle (< {BUSY_WARNING_PCT:g}%% CPU); 0: do not wait",
+    )
+    parser.add_argument("--keep-db", action="store_true", help="keep the PostgreSQL database")
+    parser.add_argument("--keep-temp", action="store_true", help="keep the temporary directory")
+    parser.add_argument("--wrk", default="wrk", help="the wrk binary")
+    parser.add_argument(
+        "--json", action="store_true", help="print the results as JSON instead of a table"
+    )
+    args = parser.parse_args(argv)
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    if not targets or any(t not in TARGETS for t in targets):
+        parser.error(f"--targets takes a comma-separated subset of {','.join(TARGETS)}")
+    args.targets = [t for t in TARGETS if t in targets]
+    if (
+        args.duration < 1
+        or args.warmup < 0
+        or args.threads < 1
+        or args.events < 0
+        or args.wait_quiet < 0
+    ):
+        parser.error(
+            "needs --duration >= 1, --warmup >= 0, --threads >= 1, --events, --wait-quiet >= 0"
+        )
+    if args.connections < args.threads:
+        parser.error("--connections must be >= --threads")
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", args.pg_database):
+        parser.error("--pg-database must be a plain lower-case identifier")
+    return args
+
+
+def _raise_exit(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+class Run:
+    """The targets measured in one invocation, and everything to undo at exit."""
+
+    def __init__(self, settings: Settings, args: argparse.Namespace) -> None:
+        self.settings = settings
+        self.args = args
+        self.procs = Processes()
+        self.workdir = Path(tempfile.mkdtemp(prefix="onceonly-bench-"))
+        self.created_db = False
+        self.results: list[TargetResult] = []
+
+    def measure_all(self) -> None:
+        settings = self.settings
+        seconds = settings.warmup + settings.duration
+        path = self.workdir / "requests.txt"
+        log(f"signing {settings.events:,} events into {path}")
+        requests = write_requests(path, settings.events, SECRET)
+        for target in self.args.targets:
+            if settings.wait_quiet:
+                wait_for_quiet(settings.wait_quiet)
+            # Timestamps must stay inside Stripe's 300 s tolerance until the end.
+            if requests.age() + seconds + 60 > STRIPE_TOLERANCE_S:
+                log("re-signing the events with a fresh timestamp")
+                requests = write_requests(path, settings.events, SECRET)
+            database_url: str | None = None
+            if target == "sqlite":
+                database_url = f"sqlite:///{self.workdir / 'onceonly.db'}"
+            elif target == "postgres":
+                self.created_db = True
+                database_url = pg_recreate(settings.pg_admin_url, settings.pg_database)
+            self.results.append(
+                measure(self.procs, settings, target, self.workdir, requests, database_url)
+            )
+        bare = next((r for r in self.results if r.target == "bare"), None)
+        if bare is not None and bare.requests_per_s:
+            for r in self.results:
+                r.ratio_vs_bare = round(r.requests_per_s / bare.requests_per_s, 3)
+
+    def cleanup(self) -> None:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # let cleanup finish
+        try:
+            self.procs.stop_all()
+            if self.created_db and not self.args.keep_db:
+                try:
+                    pg_drop(self.settings.pg_admin_url, self.settings.pg_database)
+                except Exception as exc:
+                    log(f"warning: could not drop {self.settings.pg_database}: {exc!r}")
+            if self.args.keep_temp:
+                log(f"kept {self.workdir}")
+            else:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    wrk = shutil.which(args.wrk)
+    if wrk is None:
+        log(f"error: {args.wrk} not found; install it (apt-get install -y wrk)")
+        return 2
+    settings = Settings(
+        duration=args.duration,
+        warmup=args.warmup,
+        connections=args.connections,
+        threads=args.threads,
+        events=args.events or max(300_000, 25_000 * (args.warmup + args.duration)),
+        wrk=wrk,
+        pg_admin_url=args.pg_admin_url,
+        pg_database=args.pg_database,
+        wait_quiet=args.wait_quiet,
+    )
+    signal.signal(signal.SIGTERM, _raise_exit)
+    signal.signal(signal.SIGHUP, _raise_exit)
+
+    run = Run(settings, args)
+    try:
+        env = environment(settings, args.targets)
+        run.measure_all()
+    except BenchmarkError as exc:
+        log(f"error: {exc}")
+        return 2
+    except KeyboardInterrupt:
+        log("interrupted; cleaning up")
+        return 130
+    finally:
+        run.cleanup()
+
+    ok = all(r.ok for r in run.results)
+    if args.json:
+        report = {
+            "settings": {k: v for k, v in asdict(settings).items() if k != "wrk"},
+            "environment": env,
+            "goal": {"ratio_vs_bare": GOAL_RATIO, "p99_ms": GOAL_P99_MS},
+            "results": [r.to_dict() for r in run.results],
+            "ok": ok,
+        }
+        print(json.dumps(report, indent=2))
+        print_problems(run.results, sys.stderr)
+    else:
+        print_table(run.results, settings, env)
+    if not ok:
+        log("!!! ONE OR MORE CHECKS FAILED: SEE ABOVE")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
