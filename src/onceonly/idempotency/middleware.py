@@ -197,21 +197,29 @@ class IdempotencyMiddleware:
         self.release_statuses = frozenset(release_statuses)
         self.dropped_headers = HOP_HEADERS | ({"set-cookie"} if not replay_set_cookie else set())
         self.cache = _ResponseCache(cache_bytes)
-        in_flight = self.store.commit_concurrency
-        self.claims: GroupCommit[KeyClaim, ClaimOutcome] = GroupCommit(
-            self._claim_batch, max_in_flight=in_flight
-        )
-        self.completions: GroupCommit[Completion, bool] = GroupCommit(
-            self._complete_batch, max_in_flight=in_flight
-        )
-
-    async def _claim_batch(self, claims: Sequence[KeyClaim]) -> list[ClaimOutcome]:
-        return await self.keys.claim(
-            claims, now=time.time(), lock_seconds=self.lock_timeout, ttl=self.ttl
+        # Claims and completions share one group commit: a transaction stores
+        # the responses that just finished and claims the keys that just
+        # arrived, so a request costs half a commit, not two.
+        self.records: GroupCommit[KeyClaim | Completion, ClaimOutcome | bool] = GroupCommit(
+            self._apply_batch, max_in_flight=self.store.commit_concurrency
         )
 
-    async def _complete_batch(self, completions: Sequence[Completion]) -> list[bool]:
-        return await self.keys.complete(completions, now=time.time())
+    async def _apply_batch(self, ops: Sequence[KeyClaim | Completion]) -> list[ClaimOutcome | bool]:
+        completions = [op for op in ops if isinstance(op, Completion)]
+        claims = [op for op in ops if isinstance(op, KeyClaim)]
+        landed, outcomes = await self.keys.apply(
+            completions, claims, now=time.time(), lock_seconds=self.lock_timeout, ttl=self.ttl
+        )
+        landed_it, outcome_it = iter(landed), iter(outcomes)
+        return [next(landed_it) if isinstance(op, Completion) else next(outcome_it) for op in ops]
+
+    async def _claim(self, claim: KeyClaim) -> ClaimOutcome:
+        outcome = await self.records.submit(claim)
+        assert isinstance(outcome, ClaimOutcome)
+        return outcome
+
+    async def _complete(self, completion: Completion) -> bool:
+        return bool(await self.records.submit(completion))
 
     # The request path.
 
@@ -275,7 +283,7 @@ class IdempotencyMiddleware:
         while True:
             claimed_at = time.time()  # no later than the database's own "now"
             try:
-                outcome = await self.claims.submit(KeyClaim(client, key, fp))
+                outcome = await self._claim(KeyClaim(client, key, fp))
             except StoreError:
                 await _problem(
                     send,
@@ -490,7 +498,7 @@ class _Capture:
                 stored = StoredResponse(self.status, self.headers, None)
             else:
                 stored = StoredResponse(self.status, self.headers, bytes(self.buffer))
-            landed = await self.mw.completions.submit(Completion(scope_id, key, self.fence, stored))
+            landed = await self.mw._complete(Completion(scope_id, key, self.fence, stored))
             if landed:
                 self.mw.cache.put(self.ident, self.fingerprint, stored, self.expires_at)
         except StoreError:

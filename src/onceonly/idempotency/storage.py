@@ -38,17 +38,30 @@ def _outcome(row: Any) -> ClaimOutcome:
 
 class KeyStore(ABC):
     @abstractmethod
+    async def apply(
+        self,
+        completions: Sequence[Completion],
+        claims: Sequence[KeyClaim],
+        *,
+        now: float,
+        lock_seconds: float,
+        ttl: float,
+    ) -> tuple[list[bool], list[ClaimOutcome]]:
+        """Store responses, then claim keys, in one transaction: one commit
+        serves both kinds (group commit batches them together).
+
+        For each completion, False where the claim was lost (stale owner). For
+        each claim, its outcome, in order; the same (scope, key) twice in a
+        batch: the first claims, the next see it running. Completions go first
+        so that a claim of a key completed in the same batch sees it done."""
+
     async def claim(
         self, claims: Sequence[KeyClaim], *, now: float, lock_seconds: float, ttl: float
     ) -> list[ClaimOutcome]:
-        """One transaction for the batch; one outcome per claim, in order.
+        return (await self.apply([], claims, now=now, lock_seconds=lock_seconds, ttl=ttl))[1]
 
-        The same (scope, key) twice in a batch: the first claims, the next see
-        it running."""
-
-    @abstractmethod
     async def complete(self, completions: Sequence[Completion], *, now: float) -> list[bool]:
-        """Store responses; False where the claim was lost (stale owner)."""
+        return (await self.apply(completions, [], now=now, lock_seconds=0, ttl=0))[0]
 
     @abstractmethod
     async def release(self, scope: str, key: str, fence: int) -> None:
@@ -109,58 +122,49 @@ class SQLiteKeyStore(KeyStore):
         await self.store.open()  # creates the tables on first use; then free
         return await self.store._run(fn)
 
-    async def claim(
-        self, claims: Sequence[KeyClaim], *, now: float, lock_seconds: float, ttl: float
-    ) -> list[ClaimOutcome]:
-        def run(conn: sqlite3.Connection) -> list[ClaimOutcome]:
-            outcomes = []
+    async def apply(
+        self,
+        completions: Sequence[Completion],
+        claims: Sequence[KeyClaim],
+        *,
+        now: float,
+        lock_seconds: float,
+        ttl: float,
+    ) -> tuple[list[bool], list[ClaimOutcome]]:
+        def run(conn: sqlite3.Connection) -> tuple[list[bool], list[ClaimOutcome]]:
             conn.execute("BEGIN IMMEDIATE")
-            for c in claims:
-                row = conn.execute(
-                    _SQLITE_CLAIM,
-                    (c.scope, c.key, c.fingerprint, now + lock_seconds, now + ttl, now),
-                ).fetchone()
-                if row is not None:
-                    outcomes.append(ClaimOutcome("acquired", row[0], c.fingerprint))
-                    continue
-                existing = conn.execute(
-                    f"{_READ} WHERE scope = ? AND key = ?", (c.scope, c.key)
-                ).fetchone()
-                outcomes.append(_outcome(existing))
+            landed = [self._complete_one(conn, c, now) for c in completions]
+            outcomes = [self._claim_one(conn, c, now, lock_seconds, ttl) for c in claims]
             conn.execute("COMMIT")
-            return outcomes
+            return landed, outcomes
 
         return await self._run(run)  # type: ignore[no-any-return]
 
-    async def complete(self, completions: Sequence[Completion], *, now: float) -> list[bool]:
-        def run(conn: sqlite3.Connection) -> list[bool]:
-            conn.execute("BEGIN IMMEDIATE")
-            landed = []
-            for c in completions:
-                r = c.response
-                cur = conn.execute(
-                    _COMPLETE,
-                    (
-                        r.status,
-                        r.headers_json(),
-                        r.body,
-                        int(r.chunked),
-                        now,
-                        c.scope,
-                        c.key,
-                        c.fence,
-                    ),
-                )
-                landed.append(cur.rowcount == 1)
-                if r.chunked and cur.rowcount == 1:
-                    conn.execute(
-                        f"DELETE FROM {_CHUNKS} WHERE scope = ? AND key = ? AND fence <> ?",
-                        (c.scope, c.key, c.fence),
-                    )
-            conn.execute("COMMIT")
-            return landed
+    @staticmethod
+    def _claim_one(
+        conn: sqlite3.Connection, c: KeyClaim, now: float, lock_seconds: float, ttl: float
+    ) -> ClaimOutcome:
+        row = conn.execute(
+            _SQLITE_CLAIM, (c.scope, c.key, c.fingerprint, now + lock_seconds, now + ttl, now)
+        ).fetchone()
+        if row is not None:
+            return ClaimOutcome("acquired", row[0], c.fingerprint)
+        existing = conn.execute(f"{_READ} WHERE scope = ? AND key = ?", (c.scope, c.key))
+        return _outcome(existing.fetchone())
 
-        return await self._run(run)  # type: ignore[no-any-return]
+    @staticmethod
+    def _complete_one(conn: sqlite3.Connection, c: Completion, now: float) -> bool:
+        r = c.response
+        cur = conn.execute(
+            _COMPLETE,
+            (r.status, r.headers_json(), r.body, int(r.chunked), now, c.scope, c.key, c.fence),
+        )
+        if r.chunked and cur.rowcount == 1:
+            conn.execute(
+                f"DELETE FROM {_CHUNKS} WHERE scope = ? AND key = ? AND fence <> ?",
+                (c.scope, c.key, c.fence),
+            )
+        return cur.rowcount == 1
 
     async def release(self, scope: str, key: str, fence: int) -> None:
         def run(conn: sqlite3.Connection) -> None:
@@ -236,8 +240,22 @@ class PostgresKeyStore(KeyStore):
     def __init__(self, store: Any) -> None:
         self.store = store
 
-    async def claim(
-        self, claims: Sequence[KeyClaim], *, now: float, lock_seconds: float, ttl: float
+    async def apply(
+        self,
+        completions: Sequence[Completion],
+        claims: Sequence[KeyClaim],
+        *,
+        now: float,
+        lock_seconds: float,
+        ttl: float,
+    ) -> tuple[list[bool], list[ClaimOutcome]]:
+        async with self.store._connection() as conn, conn.transaction():
+            landed = await self._complete_on(conn, completions, now) if completions else []
+            outcomes = await self._claim_on(conn, claims, now, lock_seconds, ttl) if claims else []
+        return landed, outcomes
+
+    async def _claim_on(
+        self, conn: Any, claims: Sequence[KeyClaim], now: float, lock_seconds: float, ttl: float
     ) -> list[ClaimOutcome]:
         # ON CONFLICT DO UPDATE may not touch one row twice in a statement:
         # repeats of a key within the batch are answered from the first.
@@ -245,26 +263,25 @@ class PostgresKeyStore(KeyStore):
         for c in claims:
             first.setdefault((c.scope, c.key), c)
         unique = list(first.values())
-        async with self.store._connection() as conn, conn.transaction():
-            won = {
-                (r["scope"], r["key"]): r["fence"]
-                for r in await conn.fetch(
-                    self._CLAIM,
-                    [c.scope for c in unique],
-                    [c.key for c in unique],
-                    [c.fingerprint for c in unique],
-                    now,
-                    lock_seconds,
-                    ttl,
-                )
-            }
-            lost = [c for c in unique if (c.scope, c.key) not in won]
-            existing = {}
-            if lost:
-                for row in await conn.fetch(
-                    self._READ_MANY, [c.scope for c in lost], [c.key for c in lost]
-                ):
-                    existing[(row["scope"], row["key"])] = _outcome(tuple(row))
+        won = {
+            (r["scope"], r["key"]): r["fence"]
+            for r in await conn.fetch(
+                self._CLAIM,
+                [c.scope for c in unique],
+                [c.key for c in unique],
+                [c.fingerprint for c in unique],
+                now,
+                lock_seconds,
+                ttl,
+            )
+        }
+        lost = [c for c in unique if (c.scope, c.key) not in won]
+        existing = {}
+        if lost:
+            for row in await conn.fetch(
+                self._READ_MANY, [c.scope for c in lost], [c.key for c in lost]
+            ):
+                existing[(row["scope"], row["key"])] = _outcome(tuple(row))
         outcomes = []
         answered: set[tuple[str, str]] = set()
         for c in claims:
@@ -278,30 +295,31 @@ class PostgresKeyStore(KeyStore):
             answered.add(ident)
         return outcomes
 
-    async def complete(self, completions: Sequence[Completion], *, now: float) -> list[bool]:
-        async with self.store._connection() as conn, conn.transaction():
-            landed = {
-                (r["scope"], r["key"])
-                for r in await conn.fetch(
-                    self._COMPLETE,
-                    [c.scope for c in completions],
-                    [c.key for c in completions],
-                    [c.fence for c in completions],
-                    [c.response.status for c in completions],
-                    [c.response.headers_json() for c in completions],
-                    [c.response.body for c in completions],
-                    [c.response.chunked for c in completions],
-                    now,
+    async def _complete_on(
+        self, conn: Any, completions: Sequence[Completion], now: float
+    ) -> list[bool]:
+        landed = {
+            (r["scope"], r["key"])
+            for r in await conn.fetch(
+                self._COMPLETE,
+                [c.scope for c in completions],
+                [c.key for c in completions],
+                [c.fence for c in completions],
+                [c.response.status for c in completions],
+                [c.response.headers_json() for c in completions],
+                [c.response.body for c in completions],
+                [c.response.chunked for c in completions],
+                now,
+            )
+        }
+        for c in completions:
+            if c.response.chunked and (c.scope, c.key) in landed:
+                await conn.execute(
+                    f"DELETE FROM {_CHUNKS} WHERE scope = $1 AND key = $2 AND fence <> $3",
+                    c.scope,
+                    c.key,
+                    c.fence,
                 )
-            }
-            for c in completions:
-                if c.response.chunked and (c.scope, c.key) in landed:
-                    await conn.execute(
-                        f"DELETE FROM {_CHUNKS} WHERE scope = $1 AND key = $2 AND fence <> $3",
-                        c.scope,
-                        c.key,
-                        c.fence,
-                    )
         return [(c.scope, c.key) in landed for c in completions]
 
     async def release(self, scope: str, key: str, fence: int) -> None:
