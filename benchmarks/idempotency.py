@@ -1,0 +1,893 @@
+"""Idempotency-Key middleware throughput against the same endpoint without it, with wrk.
+
+One run measures, one after the other, with the same wrk settings and request
+shapes (benchmarks/idempotency.lua), a small JSON API (benchmarks/idempotency_app.py:
+Starlette under uvicorn, `POST /orders` reads the JSON body and answers 201 with
+~200 bytes of JSON):
+
+  bare            the endpoint alone (it ignores the Idempotency-Key header);
+  fresh           wrapped in IdempotencyMiddleware(app, store=create_store(url)),
+                  every request with a new Idempotency-Key (and an Authorization
+                  header, the default client scope): a claim and a completion per
+                  request;
+  replay          the same, cycling over --keys keys created during the warm-up,
+                  so every measured request is a replay, served from the
+                  middleware's in-memory response cache;
+  replay-nocache  as replay with cache_bytes=0: every replay reads the database.
+
+fresh, replay and replay-nocache run on SQLite (a fresh file in a temporary
+directory) and on PostgreSQL (a fresh database, dropped and created for the run
+and dropped again at exit unless --keep-db). Each target gets its own server
+process and its own keys; the targets of one engine share its database.
+
+Checks (a failed one is printed in capitals and makes the exit status 1):
+
+- no non-2xx answer, no socket error, on any target;
+- fresh: the rows the measured run stored (its keys have their own prefix)
+  equal the 2xx answers wrk counted, plus the requests still in flight when wrk
+  stopped (wrk closes its connections without waiting for the last answers, but
+  those requests reach the server, which completes and stores them; 0 <= in
+  flight <= connections); every row is `done`; no answer was a replay;
+- replay, replay-nocache: all --keys keys exist and are `done` before the
+  measurement; every measured answer is a 201 carrying `Idempotent-Replayed:
+  true` (counted by wrk's response()); no row was added by the measurement; and
+  a sample of keys, asked again from Python afterwards, replays the same order.
+
+The table also shows the server process's CPU use during the measurement (% of
+one core: near 100% means the event loop is the limit) and the CPU used by
+anything outside the benchmark (% of the machine; above 10% a warning says the
+figures are unreliable). Before each target the script waits (--wait-quiet) for
+the machine to be nearly idle, and a target measured under such foreign load is
+measured again, up to --retries times.
+
+The project's goals (2-core machine, 32 connections): fresh keys >= 50% of the
+bare endpoint's requests/s; replays faster than the bare endpoint itself.
+Missing a goal is reported, not an error.
+
+wrk and the server share the machine's cores: keep --threads 1 on 2 cores.
+Needs wrk (apt-get install wrk) and, for PostgreSQL, a server reachable at
+--pg-admin-url with rights to create databases.
+
+Exit status: 0 all checks passed, 1 a check failed, 2 the benchmark could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import importlib.metadata
+import json
+import os
+import platform
+import random
+import re
+import secrets
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from receive import (
+    BUSY_WARNING_PCT,
+    BenchmarkError,
+    CpuMeter,
+    Processes,
+    _pg_version,
+    _raise_exit,
+    free_port,
+    log,
+    onceonly_source,
+    pg_drop,
+    pg_recreate,
+    server,
+    wait_for_quiet,
+)
+
+HERE = Path(__file__).resolve().parent
+LUA_SCRIPT = HERE / "idempotency.lua"
+APP = HERE / "idempotency_app.py"
+PATH = "/orders"
+ENGINES = ("sqlite", "postgres")
+KINDS = ("fresh", "replay", "replay-nocache")
+GOAL_FRESH_RATIO = 0.50
+GOAL_REPLAY_RATIO = 1.00
+RESULT_PREFIX = "IDEMPOTENCY_RESULT "
+TABLE = "onceonly_idempotency_keys"
+SAMPLES = 20
+
+# What idempotency.lua sends for key number i (cycle mode): the sampled checks
+# must send the very same request, or they would get a fingerprint mismatch.
+BODY = (
+    '{{"customer":"cus_{tag}{i}","currency":"usd","items":['
+    '{{"sku":"SKU-1001","quantity":2}},{{"sku":"SKU-2002","quantity":1}}],'
+    '"shipping":{{"method":"standard","country":"DE"}}}}'
+)
+
+
+def cycle_request(tag: str, thread: int, i: int) -> tuple[dict[str, str], bytes]:
+    headers = {
+        "User-Agent": "onceonly-bench/1.0",
+        "Accept": "application/json",
+        "Authorization": f"Bearer sk_test_onceonly_benchmark_{thread}",
+        "Content-Type": "application/json",
+        "Idempotency-Key": f"{tag}-{thread}-{i}",
+    }
+    return headers, BODY.format(tag=tag, i=i).encode()
+
+
+def new_tag() -> str:
+    """A run's key prefix: hex, so it needs no escaping in LIKE."""
+    return secrets.token_hex(6)
+
+
+# ---------------------------------------------------------------------------
+# wrk
+
+
+@dataclass
+class WrkResult:
+    duration_s: float
+    requests: int  # responses received
+    non_2xx: int  # wrk counts statuses > 399; nothing here answers 1xx/3xx
+    socket_errors: dict[str, int]
+    latency_ms: dict[str, float]
+    sent: int  # requests written (request() calls, less wrk's start-up parse check)
+    non_201: int  # from response(): answers whose status is not 201
+    replayed: int  # from response(): answers with "Idempotent-Replayed: true"
+    responses: int  # from response(): should equal requests
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.duration_s if self.duration_s else 0.0
+
+    @property
+    def ok_2xx(self) -> int:
+        return self.requests - self.non_2xx
+
+    @property
+    def in_flight(self) -> int:
+        return self.sent - self.requests
+
+
+def run_wrk(
+    procs: Processes,
+    settings: Settings,
+    port: int,
+    *,
+    mode: str,
+    tag: str,
+    duration: int,
+) -> WrkResult:
+    argv = [
+        settings.wrk,
+        f"-t{settings.threads}",
+        f"-c{settings.connections}",
+        f"-d{duration}s",
+        "-s",
+        str(LUA_SCRIPT),
+        f"http://127.0.0.1:{port}{PATH}",
+        "--",
+        mode,
+        tag,
+        str(settings.keys),
+    ]
+    proc = procs.start(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=duration + 120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise BenchmarkError("wrk did not finish in time") from None
+    finally:
+        procs.stop(proc)
+    text = out.decode(errors="replace")
+    line = next((ln for ln in text.splitlines() if ln.startswith(RESULT_PREFIX)), None)
+    if proc.returncode != 0 or line is None:
+        raise BenchmarkError(
+            f"wrk failed (exit {proc.returncode}):\n{text}\n{err.decode(errors='replace')}"
+        )
+    data: dict[str, Any] = json.loads(line[len(RESULT_PREFIX) :])
+    errors = data["errors"]
+    per_thread: list[dict[str, Any]] = data["threads"]
+    return WrkResult(
+        duration_s=data["duration_us"] / 1e6,
+        requests=data["requests"],
+        non_2xx=errors["status"],
+        socket_errors={k: errors[k] for k in ("connect", "read", "write", "timeout")},
+        latency_ms={k: v / 1000 for k, v in data["latency_us"].items()},
+        # wrk calls request() once before the run to check the script's request
+        # parses (thread 1 only); that one is never sent.
+        sent=sum(int(t["calls"]) for t in per_thread) - 1,
+        non_201=sum(int(t["non201"]) for t in per_thread),
+        replayed=sum(int(t["replayed"]) for t in per_thread),
+        responses=sum(int(t["responses"]) for t in per_thread),
+    )
+
+
+# ---------------------------------------------------------------------------
+# Databases
+
+
+def _pg_url(url: str) -> str:
+    return url.replace("postgresql+asyncpg://", "postgresql://", 1)
+
+
+@dataclass
+class RowCount:
+    rows: int
+    done: int
+
+
+def count_keys(url: str, tag: str) -> RowCount:
+    """Rows (and `done` rows) in onceonly_idempotency_keys whose key starts with `tag-`."""
+    pattern = f"{tag}-%"
+    sql = f"SELECT count(*), count(*) FILTER (WHERE status = 'done') FROM {TABLE} WHERE key LIKE "
+    if url.startswith("sqlite:///"):
+        conn = sqlite3.connect(f"file:{url[len('sqlite:///') :]}?mode=ro", uri=True)
+        try:
+            rows, done = conn.execute(sql + "?", (pattern,)).fetchone()
+        finally:
+            conn.close()
+        return RowCount(int(rows), int(done or 0))
+
+    async def pg() -> RowCount:
+        import asyncpg
+
+        conn = await asyncpg.connect(_pg_url(url), timeout=5)
+        try:
+            row = await conn.fetchrow(sql + "$1", pattern)
+        finally:
+            await conn.close()
+        assert row is not None
+        return RowCount(int(row[0]), int(row[1]))
+
+    return asyncio.run(pg())
+
+
+def count_all_keys(url: str) -> int:
+    sql = f"SELECT count(*) FROM {TABLE}"
+    if url.startswith("sqlite:///"):
+        conn = sqlite3.connect(f"file:{url[len('sqlite:///') :]}?mode=ro", uri=True)
+        try:
+            return int(conn.execute(sql).fetchone()[0])
+        finally:
+            conn.close()
+
+    async def pg() -> int:
+        import asyncpg
+
+        conn = await asyncpg.connect(_pg_url(url), timeout=5)
+        try:
+            return int(await conn.fetchval(sql))
+        finally:
+            await conn.close()
+
+    return asyncio.run(pg())
+
+
+# ---------------------------------------------------------------------------
+# Results
+
+
+@dataclass
+class Settings:
+    duration: int
+    warmup: int
+    connections: int
+    threads: int
+    keys: int
+    engines: list[str]
+    wrk: str
+    pg_admin_url: str
+    pg_database: str
+    wait_quiet: int
+    retries: int
+
+
+@dataclass
+class RowCheck:
+    phase: str
+    rows: int
+    done: int
+    sent: int
+    ok_2xx: int
+    in_flight: int
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def check_fresh_rows(phase: str, count: RowCount, run: WrkResult, connections: int) -> RowCheck:
+    check = RowCheck(phase, count.rows, count.done, run.sent, run.ok_2xx, run.in_flight)
+    if count.rows < run.ok_2xx:
+        check.problems.append(f"{run.ok_2xx - count.rows} 2xx answers have no row")
+    if count.rows != run.ok_2xx + run.in_flight:
+        check.problems.append(
+            f"rows {count.rows} != 2xx {run.ok_2xx} + in flight at wrk's stop {run.in_flight}"
+        )
+    if not 0 <= run.in_flight <= connections:
+        check.problems.append(f"{run.in_flight} requests in flight with {connections} connections")
+    if count.done != count.rows:
+        check.problems.append(f"{count.rows - count.done} rows not 'done' after the server stopped")
+    return check
+
+
+@dataclass
+class TargetResult:
+    target: str
+    engine: str
+    requests: int
+    duration_s: float
+    requests_per_s: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    max_ms: float
+    non_2xx: int
+    socket_errors: int
+    replayed: int
+    warmup_requests_per_s: float
+    server_cpu_pct: float
+    other_cpu_pct: float
+    ratio_vs_bare: float | None = None
+    row_checks: list[RowCheck] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(c.ok for c in self.row_checks)
+
+    @property
+    def label(self) -> str:
+        return self.target if self.engine == "-" else f"{self.engine} {self.target}"
+
+    def goal(self) -> float | None:
+        if self.target == "fresh":
+            return GOAL_FRESH_RATIO
+        if self.target.startswith("replay"):
+            return GOAL_REPLAY_RATIO
+        return None
+
+    def goal_met(self) -> bool | None:
+        goal = self.goal()
+        if goal is None or self.ratio_vs_bare is None:
+            return None
+        if goal == GOAL_REPLAY_RATIO:
+            return self.ratio_vs_bare > goal
+        return self.ratio_vs_bare >= goal
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["row_checks"] = [{**asdict(c), "ok": c.ok} for c in self.row_checks]
+        data["ok"] = self.ok
+        data["goal_ratio"] = self.goal()
+        data["goal_met"] = self.goal_met()
+        return data
+
+
+def result_from(
+    target: str,
+    engine: str,
+    run: WrkResult,
+    warm: WrkResult | None,
+    cpu_server: float,
+    cpu_other: float,
+) -> TargetResult:
+    result = TargetResult(
+        target=target,
+        engine=engine,
+        requests=run.requests,
+        duration_s=round(run.duration_s, 3),
+        requests_per_s=round(run.rps, 1),
+        p50_ms=run.latency_ms["p50"],
+        p90_ms=run.latency_ms["p90"],
+        p99_ms=run.latency_ms["p99"],
+        max_ms=run.latency_ms["max"],
+        non_2xx=run.non_2xx,
+        socket_errors=sum(run.socket_errors.values()),
+        replayed=run.replayed,
+        warmup_requests_per_s=round(warm.rps, 1) if warm else 0.0,
+        server_cpu_pct=cpu_server,
+        other_cpu_pct=cpu_other,
+    )
+    if cpu_other > BUSY_WARNING_PCT:
+        result.warnings.append(
+            f"other processes used {cpu_other:.0f}% of the machine's CPU during the "
+            "measurement: figures unreliable, run again on a quiet machine"
+        )
+    for phase, phase_run in (("warm-up", warm), ("measured", run)):
+        if phase_run is None:
+            continue
+        if phase_run.non_2xx or phase_run.non_201:
+            result.problems.append(
+                f"{phase}: {phase_run.non_2xx} answers > 399, "
+                f"{phase_run.non_201} answers other than 201"
+            )
+        if any(phase_run.socket_errors.values()):
+            result.problems.append(f"{phase}: socket errors {phase_run.socket_errors}")
+        if phase_run.responses != phase_run.requests:
+            result.problems.append(
+                f"{phase}: response() saw {phase_run.responses} answers, wrk counted "
+                f"{phase_run.requests}"
+            )
+    return result
+
+
+# ---------------------------------------------------------------------------
+# One target
+
+
+def sample_replays(port: int, tag: str, settings: Settings) -> list[str]:
+    """Ask SAMPLES random keys of a cycle run again, twice each: every answer must
+    be a 201 replay, and both answers the same stored order."""
+    problems: list[str] = []
+    rng = random.Random()
+    for _ in range(SAMPLES):
+        thread, i = rng.randrange(settings.threads), rng.randrange(settings.keys)
+        headers, body = cycle_request(tag, thread, i)
+        answers: list[bytes] = []
+        for _attempt in range(2):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            try:
+                conn.request("POST", PATH, body=body, headers=headers)
+                response = conn.getresponse()
+                data = response.read()
+                replayed = response.getheader("idempotent-replayed")
+            except OSError as exc:
+                problems.append(f"sampled key {headers['Idempotency-Key']}: {exc!r}")
+                break
+            finally:
+                conn.close()
+            if response.status != 201 or replayed != "true":
+                problems.append(
+                    f"sampled key {headers['Idempotency-Key']}: status {response.status}, "
+                    f"Idempotent-Replayed {replayed!r}"
+                )
+                break
+            answers.append(data)
+        if len(answers) == 2 and answers[0] != answers[1]:
+            problems.append(f"sampled key {headers['Idempotency-Key']}: two different bodies")
+    return problems
+
+
+def server_argv(port: int, target: str, database_url: str | None) -> list[str]:
+    argv = [sys.executable, str(APP), "--host", "127.0.0.1", "--port", str(port)]
+    if database_url is not None:
+        argv += ["--database-url", database_url]
+        if target == "replay-nocache":
+            argv += ["--cache-bytes", "0"]
+    return argv
+
+
+def create_keys(
+    name: str,
+    database_url: str,
+    tag: str,
+    expected: int,
+    warm: WrkResult,
+    more_warmup: Callable[[], WrkResult],
+) -> tuple[RowCount, list[str]]:
+    """Every key must be stored before a replay measurement: if the warm-up did
+    not get through the first pass over the keys, go on until it has."""
+    count = RowCount(0, 0)
+    for _ in range(10):
+        time.sleep(0.3)  # the warm-up's last requests finish
+        count = count_keys(database_url, tag)
+        if count.done >= expected:
+            break
+        log(f"[{name}] {count.done}/{expected} keys stored; more warm-up")
+        more = more_warmup()
+        warm.non_2xx += more.non_2xx
+        warm.non_201 += more.non_201
+    if count.rows != expected or count.done != expected:
+        return count, [
+            f"before the measurement: {count.rows} rows, {count.done} done, for {expected} keys"
+        ]
+    return count, []
+
+
+def check_replays(
+    result: TargetResult, run: WrkResult, before: RowCount, after: RowCount, expected: int
+) -> None:
+    if run.replayed != run.requests:
+        result.problems.append(
+            f"{run.requests - run.replayed} of {run.requests} answers were not replays"
+        )
+    if after.rows != before.rows or after.done != before.done:
+        result.problems.append(
+            f"the replay run changed the keys' rows: {before.rows} ({before.done} done) "
+            f"before, {after.rows} ({after.done} done) after"
+        )
+    result.notes.append(
+        f"{run.replayed} of {run.requests} answers replayed; keys {expected}: "
+        f"{before.rows} rows before the measurement, {after.rows} after"
+    )
+
+
+def measure(
+    procs: Processes,
+    settings: Settings,
+    workdir: Path,
+    target: str,
+    engine: str,
+    database_url: str | None,
+) -> TargetResult:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEONLY_")}
+    cycle = target.startswith("replay")
+    mode = "cycle" if cycle else "fresh"
+    warm_tag = new_tag()
+    run_tag = warm_tag if cycle else new_tag()
+    expected = settings.keys * settings.threads
+    name = f"{engine}-{target}" if database_url else target
+    ready: tuple[str, str, bytes | None] = ("GET", "/healthz", None)
+    problems: list[str] = []
+    before = RowCount(0, 0)
+
+    def wrk(tag: str, duration: int) -> WrkResult:
+        return run_wrk(procs, settings, port, mode=mode, tag=tag, duration=duration)
+
+    argv = server_argv(port, target, database_url)
+    with server(procs, name, argv, port=port, env=env, cwd=workdir, ready=ready) as srv:
+        log(f"[{name}] server pid {srv.proc.pid} on port {port}")
+        warm: WrkResult | None = None
+        if settings.warmup or cycle:
+            seconds = max(settings.warmup, 1)
+            log(f"[{name}] warm-up {seconds} s" + (" (creates the keys)" if cycle else ""))
+            warm = wrk(warm_tag, seconds)
+        if cycle and database_url is not None and warm is not None:
+            before, problems = create_keys(
+                name, database_url, run_tag, expected, warm, lambda: wrk(warm_tag, 1)
+            )
+        log(f"[{name}] measuring {settings.duration} s")
+        meter = CpuMeter(srv.proc.pid)
+        run = wrk(run_tag, settings.duration)
+        cpu = meter.stop()
+        if srv.proc.poll() is not None:
+            raise BenchmarkError(f"{name} server died during the run:\n{srv.log_tail()}")
+        sampled = sample_replays(port, run_tag, settings) if cycle else []
+    # The server has shut down gracefully: every request it took is stored.
+
+    result = result_from(target, engine, run, warm, cpu.server_pct, cpu.other_pct)
+    result.problems += problems + sampled
+    if database_url is None:
+        return result
+    if cycle:
+        result.notes.append(
+            f"sampled {SAMPLES} keys twice each from Python: "
+            + ("all replayed the same order" if not sampled else "FAILED")
+        )
+        check_replays(result, run, before, count_keys(database_url, run_tag), expected)
+        return result
+    for phase, tag, phase_run in (("warm-up", warm_tag, warm), ("measured", run_tag, run)):
+        if phase_run is None:
+            continue
+        count = count_keys(database_url, tag)
+        result.row_checks.append(check_fresh_rows(phase, count, phase_run, settings.connections))
+        if phase_run.replayed:
+            result.problems.append(f"{phase}: {phase_run.replayed} fresh keys were replays")
+    return result
+
+
+# ---------------------------------------------------------------------------
+# Report
+
+
+def environment(settings: Settings) -> dict[str, Any]:
+    def version(dist: str) -> str | None:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    wrk_version = subprocess.run(
+        [settings.wrk, "-v"], capture_output=True, text=True, check=False
+    ).stdout.split("\n")[0]
+    env: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "uvicorn": version("uvicorn"),
+        "uvloop": version("uvloop"),
+        "httptools": version("httptools"),
+        "starlette": version("starlette"),
+        "asyncpg": version("asyncpg"),
+        "sqlite": sqlite3.sqlite_version,
+        "wrk": wrk_version.strip(),
+    }
+    env.update(onceonly_source())
+    if "postgres" in settings.engines:
+        env["postgresql"] = asyncio.run(_pg_version(settings.pg_admin_url))
+    return env
+
+
+def print_table(results: Sequence[TargetResult], settings: Settings, env: dict[str, Any]) -> None:
+    print(
+        f"\nidempotency benchmark: wrk -t{settings.threads} -c{settings.connections} "
+        f"-d{settings.duration}s after a {settings.warmup} s warm-up; {settings.keys} keys "
+        f"per thread for replays; {env['cpus']} CPUs; Python {env['python']}, "
+        f"uvicorn {env['uvicorn']}, uvloop {env['uvloop']}, httptools {env['httptools']}, "
+        f"starlette {env['starlette']}; {env['wrk']}"
+    )
+    print(
+        f"onceonly from {env['onceonly_path']} (git {env['onceonly_git'] or 'n/a'}), "
+        f"SQLite {env['sqlite']}, PostgreSQL {env.get('postgresql', 'n/a')}"
+    )
+    header = (
+        f"{'target':<16}{'engine':<10}{'req/s':>9}{'p50 ms':>8}{'p99 ms':>8}{'non-2xx':>8}"
+        f"{'vs bare':>8}{'srv CPU':>8}{'other':>7}  {'checks':<7}{'goal':<12}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        ratio = f"{r.ratio_vs_bare:.2f}x" if r.ratio_vs_bare is not None else "-"
+        goal = r.goal()
+        met = r.goal_met()
+        if goal is None or met is None:
+            goal_text = "-"
+        else:
+            sign = ">" if goal == GOAL_REPLAY_RATIO else ">="
+            goal_text = f"{'met' if met else 'MISSED'} ({sign}{goal:.1f})"
+        print(
+            f"{r.target:<16}{r.engine:<10}{r.requests_per_s:>9,.0f}{r.p50_ms:>8.2f}"
+            f"{r.p99_ms:>8.2f}{r.non_2xx:>8}{ratio:>8}{r.server_cpu_pct:>7.0f}%"
+            f"{r.other_cpu_pct:>6.0f}%  {'OK' if r.ok else 'FAILED':<7}{goal_text:<12}"
+        )
+    print(
+        "goals: fresh keys >= 0.5x bare req/s; replays > 1.0x bare. srv CPU: server "
+        "process, % of one core; other: CPU used outside the benchmark, % of the machine"
+    )
+    for r in results:
+        for c in r.row_checks:
+            verdict = "OK" if c.ok else "FAILED"
+            print(
+                f"rows {r.engine} {r.target} {c.phase}: {c.rows} rows ({c.done} done) = "
+                f"{c.ok_2xx} answered 2xx + {c.in_flight} in flight at wrk's stop "
+                f"(sent {c.sent}): {verdict}"
+            )
+        for note in r.notes:
+            print(f"{r.label}: {note}")
+    print_problems(results, sys.stdout)
+    if env.get("code_changed"):
+        print(f"!!! WARNING: {env['code_changed']}")
+
+
+def print_problems(results: Sequence[TargetResult], out: IO[str]) -> None:
+    for r in results:
+        for warning in r.warnings:
+            print(f"!!! WARNING [{r.label}]: {warning}", file=out)
+        for problem in r.problems + [p for c in r.row_checks for p in c.problems]:
+            print(f"!!! CHECK FAILED [{r.label}]: {problem.upper()}", file=out)
+
+
+# ---------------------------------------------------------------------------
+# Main
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every option's default."""
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    doc = __doc__ or ""
+    parser = argparse.ArgumentParser(
+        prog="python benchmarks/idempotency.py",
+        description=doc.split("\n\n", 1)[0],
+        epilog=doc.split("\n\n", 1)[1],
+        formatter_class=_HelpFormatter,
+    )
+    parser.add_argument("--duration", type=int, default=10, help="seconds measured per target")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=2,
+        help="seconds of load before each measurement (replays: at least 1, it creates the keys)",
+    )
+    parser.add_argument("--connections", type=int, default=32, help="wrk connections (-c)")
+    parser.add_argument("--threads", type=int, default=1, help="wrk threads (-t)")
+    parser.add_argument(
+        "--keys", type=int, default=2000, help="keys per wrk thread that the replay runs cycle over"
+    )
+    parser.add_argument(
+        "--engines", default=",".join(ENGINES), help="comma-separated subset of sqlite,postgres"
+    )
+    parser.add_argument(
+        "--pg-admin-url",
+        default=os.environ.get(
+            "ONCEONLY_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+        ),
+        help="PostgreSQL URL used to drop and create the benchmark database "
+        "[env: ONCEONLY_BENCH_POSTGRES_URL]",
+    )
+    parser.add_argument(
+        "--pg-database", default="onceonly_bench_idem", help="database dropped and created"
+    )
+    parser.add_argument(
+        "--wait-quiet",
+        type=int,
+        default=60,
+        metavar="SECONDS",
+        help="before each target, wait up to this long for the machine to be nearly "
+        f"idle (< {BUSY_WARNING_PCT:g}%% CPU); 0: do not wait",
+    )
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        help="measure a target again (up to this many times) when other processes used "
+        f"more than {BUSY_WARNING_PCT:g}%% of the machine during its measurement",
+    )
+    parser.add_argument("--keep-db", action="store_true", help="keep the PostgreSQL database")
+    parser.add_argument("--keep-temp", action="store_true", help="keep the temporary directory")
+    parser.add_argument("--wrk", default="wrk", help="the wrk binary")
+    parser.add_argument(
+        "--json", action="store_true", help="print the results as JSON instead of a table"
+    )
+    args = parser.parse_args(argv)
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if any(e not in ENGINES for e in engines):
+        parser.error(f"--engines takes a comma-separated subset of {','.join(ENGINES)}")
+    args.engines = [e for e in ENGINES if e in engines]
+    if (
+        args.duration < 1
+        or args.warmup < 0
+        or args.threads < 1
+        or args.keys < args.connections
+        or args.wait_quiet < 0
+        or args.retries < 0
+    ):
+        parser.error(
+            "needs --duration >= 1, --warmup >= 0, --threads >= 1, --keys >= --connections, "
+            "--wait-quiet >= 0, --retries >= 0"
+        )
+    if args.connections < args.threads:
+        parser.error("--connections must be >= --threads")
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", args.pg_database):
+        parser.error("--pg-database must be a plain lower-case identifier")
+    return args
+
+
+class Run:
+    """The targets measured in one invocation, and everything to undo at exit."""
+
+    def __init__(self, settings: Settings, args: argparse.Namespace) -> None:
+        self.settings = settings
+        self.args = args
+        self.procs = Processes()
+        self.workdir = Path(tempfile.mkdtemp(prefix="onceonly-bench-idem-"))
+        self.created_db = False
+        self.results: list[TargetResult] = []
+
+    def measure(self, target: str, engine: str, database_url: str | None) -> None:
+        settings = self.settings
+        disturbed: list[float] = []
+        while True:
+            if settings.wait_quiet:
+                wait_for_quiet(settings.wait_quiet)
+            result = measure(self.procs, settings, self.workdir, target, engine, database_url)
+            if result.other_cpu_pct <= BUSY_WARNING_PCT or len(disturbed) >= settings.retries:
+                break
+            # Another workload took part of the machine: these figures say little.
+            disturbed.append(result.other_cpu_pct)
+            log(
+                f"[{engine} {target}] other processes used {result.other_cpu_pct:.0f}% of "
+                "the machine: measuring again"
+            )
+        if disturbed:
+            result.notes.append(
+                f"measured {len(disturbed) + 1} times: earlier attempts saw "
+                + ", ".join(f"{pct:.0f}%" for pct in disturbed)
+                + " foreign CPU"
+            )
+        self.results.append(result)
+
+    def measure_all(self) -> None:
+        settings = self.settings
+        self.measure("bare", "-", None)
+        for engine in settings.engines:
+            if engine == "sqlite":
+                url = f"sqlite:///{self.workdir / 'onceonly.db'}"
+            else:
+                self.created_db = True
+                url = pg_recreate(settings.pg_admin_url, settings.pg_database)
+            for kind in KINDS:
+                self.measure(kind, engine, url)
+            log(f"[{engine}] {count_all_keys(url):,} rows in {TABLE}")
+        bare = self.results[0]
+        if bare.requests_per_s:
+            for r in self.results:
+                r.ratio_vs_bare = round(r.requests_per_s / bare.requests_per_s, 3)
+
+    def cleanup(self) -> None:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # let cleanup finish
+        try:
+            self.procs.stop_all()
+            if self.created_db and not self.args.keep_db:
+                try:
+                    pg_drop(self.settings.pg_admin_url, self.settings.pg_database)
+                except Exception as exc:
+                    log(f"warning: could not drop {self.settings.pg_database}: {exc!r}")
+            if self.args.keep_temp:
+                log(f"kept {self.workdir}")
+            else:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    wrk = shutil.which(args.wrk)
+    if wrk is None:
+        log(f"error: {args.wrk} not found; install it (apt-get install -y wrk)")
+        return 2
+    settings = Settings(
+        duration=args.duration,
+        warmup=args.warmup,
+        connections=args.connections,
+        threads=args.threads,
+        keys=args.keys,
+        engines=args.engines,
+        wrk=wrk,
+        pg_admin_url=args.pg_admin_url,
+        pg_database=args.pg_database,
+        wait_quiet=args.wait_quiet,
+        retries=args.retries,
+    )
+    signal.signal(signal.SIGTERM, _raise_exit)
+    signal.signal(signal.SIGHUP, _raise_exit)
+
+    run = Run(settings, args)
+    try:
+        env = environment(settings)
+        run.measure_all()
+        # Each server imports onceonly when it starts: a commit or an edit
+        # during the run means the targets did not all measure the same code.
+        end = onceonly_source()
+        if end != {k: env[k] for k in end}:
+            env["code_changed"] = (
+                f"onceonly changed during the run (git {env['onceonly_git']} at the start, "
+                f"{end['onceonly_git']} at the end): the targets may have run different code"
+            )
+    except BenchmarkError as exc:
+        log(f"error: {exc}")
+        return 2
+    except KeyboardInterrupt:
+        log("interrupted; cleaning up")
+        return 130
+    finally:
+        run.cleanup()
+
+    ok = all(r.ok for r in run.results)
+    if args.json:
+        report = {
+            "settings": {k: v for k, v in asdict(settings).items() if k != "wrk"},
+            "environment": env,
+            "goals": {"fresh_ratio_vs_bare": GOAL_FRESH_RATIO, "replay_ratio_vs_bare": ">1.0"},
+            "results": [r.to_dict() for r in run.results],
+            "ok": ok,
+        }
+        print(json.dumps(report, indent=2))
+        print_problems(run.results, sys.stderr)
+        if env.get("code_changed"):
+            log(f"!!! WARNING: {env['code_changed']}")
+    else:
+        print_table(run.results, settings, env)
+    if not ok:
+        log("!!! ONE OR MORE CHECKS FAILED: SEE ABOVE")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""The app for benchmarks/idempotency.py: a small JSON API, with or without
+onceonly's Idempotency-Key middleware.
+
+``POST /orders`` reads the JSON body and answers 201 with a ~200-byte JSON
+order (a fresh order id each time it really runs, so a replay is recognisable
+by its id). ``GET /healthz`` answers 200, for the readiness probe.
+
+Without ``--database-url`` the app runs bare. With it, the app is wrapped in
+``IdempotencyMiddleware(app, store=create_store(url), cache_bytes=...)``; the
+store is opened (and migrated) at startup and closed at shutdown.
+
+uvicorn runs it with the settings of benchmarks/bare_app.py (and of ``onceonly
+serve``): one process, ``loop="auto"``/``http="auto"`` (uvloop and httptools
+when installed), access log off, lifespan on.
+
+    python benchmarks/idempotency_app.py --port 8001 [--database-url URL] [--cache-bytes N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from onceonly import Store, create_store
+from onceonly.asgi import ASGIApp
+from onceonly.idempotency import IdempotencyMiddleware
+
+
+async def create_order(request: Request) -> JSONResponse:
+    order: dict[str, Any] = await request.json()
+    items = order.get("items", [])
+    return JSONResponse(
+        {
+            "id": f"ord_{uuid.uuid4().hex}",
+            "object": "order",
+            "status": "created",
+            "customer": order.get("customer"),
+            "items": len(items),
+            "amount": sum(int(i.get("quantity", 1)) * 1250 for i in items),
+            "currency": order.get("currency", "usd"),
+            "created": int(time.time()),
+        },
+        status_code=201,
+    )
+
+
+async def healthz(request: Request) -> Response:
+    return Response(b"ok", media_type="text/plain")
+
+
+def build(database_url: str | None, cache_bytes: int) -> ASGIApp:
+    store: Store | None = create_store(database_url) if database_url else None
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if store is None:
+            yield
+            return
+        await store.open()  # create the tables before the first request
+        try:
+            yield
+        finally:
+            await store.close()
+
+    app = Starlette(
+        routes=[
+            Route("/orders", create_order, methods=["POST"]),
+            Route("/healthz", healthz, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+    if store is None:
+        return app
+    return IdempotencyMiddleware(app, store=store, cache_bytes=cache_bytes)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8001)
+    parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--database-url", help="wrap the app in IdempotencyMiddleware")
+    parser.add_argument(
+        "--cache-bytes",
+        type=int,
+        default=32 * 1024 * 1024,
+        help="the middleware's in-memory response cache (0: every replay reads the database)",
+    )
+    args = parser.parse_args()
+
+    import uvicorn
+
+    # The same keyword arguments as bare_app.py and onceonly.cli.serve.
+    uvicorn.run(
+        build(args.database_url, args.cache_bytes),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=10,
+    )
+
+
+if __name__ == "__main__":
+    main()
