@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import http.client
 import importlib.metadata
 import json
@@ -607,9 +608,19 @@ def environment(settings: Settings) -> dict[str, Any]:
         "wrk": wrk_version.strip(),
     }
     env.update(onceonly_source())
+    env["onceonly_digest"] = package_digest(Path(env["onceonly_path"]))
     if "postgres" in settings.engines:
         env["postgresql"] = asyncio.run(_pg_version(settings.pg_admin_url))
     return env
+
+
+def package_digest(package: Path) -> str:
+    """SHA-256 over the package's Python sources, to notice an edit mid-run."""
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def print_table(results: Sequence[TargetResult], settings: Settings, env: dict[str, Any]) -> None:
@@ -852,13 +863,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         env = environment(settings)
         run.measure_all()
-        # Each server imports onceonly when it starts: a commit or an edit
-        # during the run means the targets did not all measure the same code.
+        # Each server imports onceonly when it starts: an edit during the run
+        # means the targets did not all measure the same code.
         end = onceonly_source()
-        if end != {k: env[k] for k in end}:
+        if package_digest(Path(end["onceonly_path"] or "")) != env["onceonly_digest"]:
             env["code_changed"] = (
-                f"onceonly changed during the run (git {env['onceonly_git']} at the start, "
-                f"{end['onceonly_git']} at the end): the targets may have run different code"
+                f"onceonly's source changed during the run (git {env['onceonly_git']} at the "
+                f"start, {end['onceonly_git']} at the end): the targets may have run different code"
             )
     except BenchmarkError as exc:
         log(f"error: {exc}")
