@@ -32,6 +32,7 @@ from starlette.routing import Route
 
 from onceonly import Store, create_store
 from onceonly.asgi import ASGIApp
+from onceonly.batching import GroupCommit
 from onceonly.idempotency import IdempotencyMiddleware
 
 
@@ -57,8 +58,10 @@ async def healthz(request: Request) -> Response:
     return Response(b"ok", media_type="text/plain")
 
 
-def build(database_url: str | None, cache_bytes: int) -> ASGIApp:
+def build(database_url: str | None, cache_bytes: int, *, stats: bool = False) -> ASGIApp:
     store: Store | None = create_store(database_url) if database_url else None
+    middleware: IdempotencyMiddleware | None = None
+    flush_seconds = [0.0]
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -70,6 +73,18 @@ def build(database_url: str | None, cache_bytes: int) -> ASGIApp:
             yield
         finally:
             await store.close()
+            if stats and middleware is not None:
+                commits = middleware.records
+                per_batch = (
+                    f", {flush_seconds[0] / max(commits.batches, 1) * 1000:.2f} ms per batch"
+                    if isinstance(commits, GroupCommit)
+                    else ""  # ThreadGroupCommit (SQLite): batches are not timed
+                )
+                print(
+                    f"group commit: {commits.batches} batches, {commits.items} items, "
+                    f"{commits.items / max(commits.batches, 1):.1f} per batch{per_batch}",
+                    flush=True,
+                )
 
     app = Starlette(
         routes=[
@@ -80,7 +95,19 @@ def build(database_url: str | None, cache_bytes: int) -> ASGIApp:
     )
     if store is None:
         return app
-    return IdempotencyMiddleware(app, store=store, cache_bytes=cache_bytes)
+    middleware = IdempotencyMiddleware(app, store=store, cache_bytes=cache_bytes)
+    if stats and isinstance(middleware.records, GroupCommit):
+        flush = middleware.records.flush
+
+        async def timed(items: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return await flush(items)
+            finally:
+                flush_seconds[0] += time.perf_counter() - started
+
+        middleware.records.flush = timed
+    return middleware
 
 
 def main() -> None:
@@ -95,13 +122,16 @@ def main() -> None:
         default=32 * 1024 * 1024,
         help="the middleware's in-memory response cache (0: every replay reads the database)",
     )
+    parser.add_argument(
+        "--stats", action="store_true", help="print the group commit's batch sizes at shutdown"
+    )
     args = parser.parse_args()
 
     import uvicorn
 
     # The same keyword arguments as bare_app.py and onceonly.cli.serve.
     uvicorn.run(
-        build(args.database_url, args.cache_bytes),
+        build(args.database_url, args.cache_bytes, stats=args.stats),
         host=args.host,
         port=args.port,
         log_level=args.log_level,

@@ -336,3 +336,94 @@ async def test_a_bare_asgi_app_that_raises_gets_a_stored_problem_500(database_ur
     assert first.headers["content-type"] == "application/problem+json"
     assert again.json() == first.json()
     assert runs == 1
+
+
+async def test_one_batch_completes_and_claims_together(database_url: str) -> None:
+    """A group commit carries finished responses and new claims in one go: every
+    caller still gets its own answer, as if each had gone alone."""
+    store = create_store(database_url)
+    keys = key_store_for(store)
+    now = time.time()
+    ok = StoredResponse(201, (("content-type", "application/json"),), b'{"id": 1}')
+    a, b, done, _running = await keys.claim(
+        [KeyClaim("c", k, "fp") for k in ("a", "b", "done", "running")],
+        now=now,
+        lock_seconds=10,
+        ttl=100,
+    )
+    assert await keys.complete([Completion("c", "done", done.fence, ok)], now=now) == [True]
+    landed, outcomes = await keys.apply(
+        [Completion("c", "a", a.fence, ok), Completion("c", "b", b.fence + 1, ok)],
+        [
+            KeyClaim("c", "fresh", "fp"),
+            KeyClaim("c", "fresh", "fp"),
+            KeyClaim("c", "done", "fp"),
+            KeyClaim("c", "running", "fp"),
+            KeyClaim("c", "done", "other-fp"),
+        ],
+        now=now + 1,
+        lock_seconds=10,
+        ttl=100,
+    )
+    assert landed == [True, False]  # b's completion came from a stale owner
+    assert [o.state for o in outcomes] == ["acquired", "running", "done", "running", "done"]
+    assert (outcomes[2].response, outcomes[2].fingerprint) == (ok, "fp")
+    assert outcomes[4].fingerprint == "fp"  # the middleware answers 422 from this
+    # A key completed and claimed again in the same batch: the claim sees it done.
+    fresh = outcomes[0]
+    landed, (again,) = await keys.apply(
+        [Completion("c", "fresh", fresh.fence, ok)],
+        [KeyClaim("c", "fresh", "fp")],
+        now=now + 2,
+        lock_seconds=10,
+        ttl=100,
+    )
+    assert landed == [True]
+    assert (again.state, again.response) == ("done", ok)
+    await store.close()
+
+
+async def test_an_expired_record_is_claimed_again_in_a_batch(database_url: str) -> None:
+    store = create_store(database_url)
+    keys = key_store_for(store)
+    now = time.time()
+    ok = StoredResponse(200, (), b"old")
+    (first,) = await keys.claim([KeyClaim("c", "old", "fp")], now=now, lock_seconds=1, ttl=2)
+    await keys.complete([Completion("c", "old", first.fence, ok)], now=now)
+    replay, taken = await keys.claim(
+        [KeyClaim("c", "old", "fp"), KeyClaim("c", "x", "fp")], now=now + 1, lock_seconds=1, ttl=2
+    )
+    assert (replay.state, taken.state) == ("done", "acquired")
+    (renewed,) = await keys.claim(
+        [KeyClaim("c", "old", "new-fp")], now=now + 3, lock_seconds=1, ttl=2
+    )
+    assert (renewed.state, renewed.fence) == ("acquired", first.fence + 1)
+    await store.close()
+
+
+async def test_a_failure_after_the_status_line_is_stored_and_answered_as_one_500(
+    database_url: str,
+) -> None:
+    """The status line is held with the body: an endpoint that fails after
+    starting its answer gives the client a whole 500, and the retry the same."""
+    runs = 0
+
+    async def half(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal runs
+        if scope["type"] != "http":
+            return
+        runs += 1
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        raise RuntimeError("failed after the status line")
+
+    with live_server(IdempotencyMiddleware(half, store=create_store(database_url))) as url:
+        # One connection each: the server closes a connection whose request raised.
+        async with httpx.AsyncClient(base_url=url) as client:
+            first = await client.post("/charge", json={}, headers=key("half"))
+        async with httpx.AsyncClient(base_url=url) as client:
+            again = await client.post("/charge", json={}, headers=key("half"))
+    assert first.status_code == again.status_code == 500
+    assert first.headers["content-type"] == "application/problem+json"
+    assert again.json() == first.json()
+    assert again.headers["idempotent-replayed"] == "true"
+    assert runs == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 
-__all__ = ["ClientScope", "InvalidKey", "by_header", "fingerprint", "parse_key"]
+__all__ = ["ClientScope", "HeaderScope", "InvalidKey", "by_header", "fingerprint", "parse_key"]
 
 MAX_KEY_LENGTH = 255
 
@@ -22,6 +22,16 @@ def parse_key(raw: str) -> str:
     Both are accepted. Keys are 1 to 255 printable ASCII characters.
     """
     value = raw.strip(" \t")
+    # The common case, a bare token such as a UUID, in two C-level checks.
+    if (
+        value
+        and len(value) <= MAX_KEY_LENGTH
+        and value.isascii()
+        and value.isprintable()
+        and '"' not in value
+        and "\\" not in value
+    ):
+        return value
     if value.startswith('"'):
         value = _sf_string(value)
     elif '"' in value or "\\" in value:
@@ -74,16 +84,37 @@ def fingerprint(
 ClientScope = Callable[[Mapping[str, str]], str]
 
 
+class HeaderScope:
+    """The scope of :func:`by_header`: a hash of one header's value.
+
+    `header` tells the middleware that this header is all the scope reads, so
+    it need not collect the others. A client sends the same credential on
+    every request: recent hashes are remembered (a bounded number)."""
+
+    __slots__ = ("_memo", "header")
+
+    MEMO_SIZE = 4096
+
+    def __init__(self, header: str) -> None:
+        self.header = header.lower()
+        self._memo: dict[str, str] = {}
+
+    def __call__(self, headers: Mapping[str, str]) -> str:
+        value = headers.get(self.header)
+        if not value:
+            return "anonymous"
+        scope = self._memo.get(value)
+        if scope is None:
+            digest = hashlib.sha256(f"{self.header}:{value}".encode("latin-1"))
+            scope = digest.hexdigest()[:32]
+            if len(self._memo) >= self.MEMO_SIZE:
+                self._memo.clear()  # many distinct credentials: start over, stay bounded
+            self._memo[value] = scope
+        return scope
+
+
 def by_header(name: str = "authorization") -> ClientScope:
     """Scope keys by a credential header (default ``Authorization``), hashed so
     the credential itself is never stored. Requests without it share the scope
     ``anonymous``."""
-    lower = name.lower()
-
-    def scope(headers: Mapping[str, str]) -> str:
-        value = headers.get(lower)
-        if not value:
-            return "anonymous"
-        return hashlib.sha256(f"{lower}:{value}".encode("latin-1")).hexdigest()[:32]
-
-    return scope
+    return HeaderScope(name)

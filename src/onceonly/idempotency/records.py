@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 __all__ = ["ClaimOutcome", "Completion", "KeyClaim", "StoredResponse"]
 
 
-@dataclass(frozen=True, slots=True)
-class KeyClaim:
+# KeyClaim, ClaimOutcome and Completion are made once or twice per request on
+# the event loop: named tuples, the cheapest immutable records to build.
+
+
+class KeyClaim(NamedTuple):
     """A request asking to run under `key`, for the client identified by `scope`."""
 
     scope: str
@@ -39,8 +42,7 @@ class StoredResponse:
         return cls(status, tuple((n, v) for n, v in json.loads(headers)), body)
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimOutcome:
+class ClaimOutcome(NamedTuple):
     """What the database said to a claim.
 
     - ``acquired``: this request runs; `fence` identifies its ownership.
@@ -57,8 +59,7 @@ class ClaimOutcome:
     expires_at: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class Completion:
+class Completion(NamedTuple):
     scope: str
     key: str
     fence: int

@@ -6,19 +6,28 @@ that ran out *and* the same request fingerprint (a crashed request retried).
 Otherwise nothing is written and the existing record is read: done (replay) or
 running (409). Every take-over increments ``fence``; a completion only lands
 ``WHERE fence = ?``, so a stale owner cannot overwrite a newer one.
+
+Records are read before the claim (in the same statement on PostgreSQL, under
+the write lock on SQLite), so that keys the record already answers are not
+written at all; only absent, expired or abandoned keys reach the INSERT. A
+batch costs one round trip on PostgreSQL and one transaction on SQLite.
 """
 
 from __future__ import annotations
 
+import functools
 import sqlite3
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._exceptions import StoreError
+from ..batching import ThreadGroupCommit
 from ..store import Store
 from .records import ClaimOutcome, Completion, KeyClaim, StoredResponse
 
-__all__ = ["KeyStore", "key_store_for"]
+__all__ = ["KeyStore", "SQLiteKeyStore", "in_order", "key_store_for"]
 
 _KEYS = "onceonly_idempotency_keys"
 _CHUNKS = "onceonly_idempotency_chunks"
@@ -89,14 +98,20 @@ def key_store_for(store: Store) -> KeyStore:
     if isinstance(store, SQLiteStore):
         return SQLiteKeyStore(store)
     if isinstance(store, PostgresStore):
+        from .postgres import PostgresKeyStore
+
         return PostgresKeyStore(store)
     raise TypeError(f"no Idempotency-Key storage for a {type(store).__name__}")
 
 
+# SQLite has one writer: a batch runs in one BEGIN IMMEDIATE transaction on
+# the store's thread, with one multi-row statement for its completions and one
+# for its claims (each statement a single hand-off of the GIL, not one per row).
+_SQLITE_ROWS = 500  # rows per statement: 7 parameters each, far below SQLite's limit
 _SQLITE_CLAIM = f"""
     INSERT INTO {_KEYS} AS k
         (scope, key, fingerprint, status, locked_until, expires_at, created_at)
-    VALUES (?, ?, ?, 'running', ?, ?, ?)
+    VALUES {{rows}}
     ON CONFLICT (scope, key) DO UPDATE SET
         fingerprint = excluded.fingerprint, status = 'running', fence = k.fence + 1,
         locked_until = excluded.locked_until, expires_at = excluded.expires_at,
@@ -105,13 +120,87 @@ _SQLITE_CLAIM = f"""
     WHERE k.expires_at < excluded.created_at
        OR (k.status = 'running' AND k.locked_until < excluded.created_at
            AND k.fingerprint = excluded.fingerprint)
-    RETURNING fence
+    RETURNING scope, key, fence
 """
-_COMPLETE = f"""
-    UPDATE {_KEYS} SET status = 'done', response_status = ?, response_headers = ?,
-        response_body = ?, chunked = ?, completed_at = ?, locked_until = NULL
-    WHERE scope = ? AND key = ? AND fence = ? AND status = 'running'
+_SQLITE_CLAIM_ROW = "(?, ?, ?, 'running', ?, ?, ?)"
+# column1..column7 of the VALUES list: scope, key, fence, status, headers, body, chunked.
+_SQLITE_COMPLETE = f"""
+    UPDATE {_KEYS} SET status = 'done', response_status = c.column4,
+        response_headers = c.column5, response_body = c.column6, chunked = c.column7,
+        completed_at = ?, locked_until = NULL
+    FROM (VALUES {{rows}}) AS c
+    WHERE {_KEYS}.scope = c.column1 AND {_KEYS}.key = c.column2
+      AND {_KEYS}.fence = c.column3 AND {_KEYS}.status = 'running'
+    RETURNING scope, key
 """
+_SQLITE_COMPLETE_ROW = "(?, ?, ?, ?, ?, ?, ?)"
+# CROSS JOIN keeps the VALUES list as the outer loop: one primary-key lookup
+# per key (a row-value IN list would scan the table).
+# locked_until comes last (index 10), after the columns _outcome() reads.
+_SQLITE_READ_MANY = _READ.replace(
+    f"FROM {_KEYS}",
+    f", locked_until FROM (VALUES {{rows}}) AS v CROSS JOIN {_KEYS}"
+    f" WHERE {_KEYS}.scope = v.column1 AND {_KEYS}.key = v.column2",
+)
+# Statement results cost the GIL once per row on this thread, while the event
+# loop wants it too: the common cases below run without RETURNING and learn
+# their outcome from the row count (see _claim_all and _complete_all).
+_SQLITE_CLAIM_QUIET = _SQLITE_CLAIM.replace("RETURNING scope, key, fence", "")
+_SQLITE_COMPLETE_QUIET = _SQLITE_COMPLETE.replace("RETURNING scope, key", "")
+_SQLITE_LANDED = (
+    f"SELECT scope, key FROM (VALUES {{rows}}) AS v CROSS JOIN {_KEYS}"
+    f" WHERE {_KEYS}.scope = v.column1 AND {_KEYS}.key = v.column2"
+    f" AND {_KEYS}.fence = v.column3 AND status = 'done' AND completed_at = ?"
+)
+
+
+@functools.lru_cache(maxsize=256)
+def _sqlite_sql(template: str, row: str, count: int) -> str:
+    """`template` with `count` VALUES rows (a few sizes recur: cached)."""
+    return template.format(rows=", ".join([row] * count))
+
+
+def in_order(
+    ops: Sequence[KeyClaim | Completion], landed: list[bool], outcomes: list[ClaimOutcome]
+) -> list[ClaimOutcome | bool]:
+    """The answers of `apply` put back in the order of the batch's items."""
+    landed_it, outcome_it = iter(landed), iter(outcomes)
+    return [next(landed_it) if isinstance(op, Completion) else next(outcome_it) for op in ops]
+
+
+def _unique(claims: Sequence[KeyClaim]) -> dict[tuple[str, str], KeyClaim]:
+    """The first claim of each (scope, key): ON CONFLICT may not touch a row
+    twice in one statement, so repeats within a batch are answered from it."""
+    first: dict[tuple[str, str], KeyClaim] = {}
+    for c in claims:
+        first.setdefault((c.scope, c.key), c)
+    return first
+
+
+def _answers(
+    claims: Sequence[KeyClaim],
+    first: dict[tuple[str, str], KeyClaim],
+    won: dict[tuple[str, str], int],
+    existing: dict[tuple[str, str], ClaimOutcome],
+) -> list[ClaimOutcome]:
+    outcomes = []
+    answered: set[tuple[str, str]] = set()
+    for c in claims:
+        ident = (c.scope, c.key)
+        if ident in won:
+            fp = first[ident].fingerprint
+            if ident in answered:  # a repeat within the batch: the first runs it
+                outcomes.append(ClaimOutcome("running", won[ident], fp))
+            else:
+                outcomes.append(ClaimOutcome("acquired", won[ident], fp))
+        elif ident in existing:
+            outcomes.append(existing[ident])
+        else:
+            # Lost the claim, then the record went away before it could be
+            # read (released after a 4xx): "in progress", the client retries.
+            outcomes.append(ClaimOutcome("running", 0, c.fingerprint))
+        answered.add(ident)
+    return outcomes
 
 
 class SQLiteKeyStore(KeyStore):
@@ -131,40 +220,140 @@ class SQLiteKeyStore(KeyStore):
         lock_seconds: float,
         ttl: float,
     ) -> tuple[list[bool], list[ClaimOutcome]]:
-        def run(conn: sqlite3.Connection) -> tuple[list[bool], list[ClaimOutcome]]:
-            conn.execute("BEGIN IMMEDIATE")
-            landed = [self._complete_one(conn, c, now) for c in completions]
-            outcomes = [self._claim_one(conn, c, now, lock_seconds, ttl) for c in claims]
-            conn.execute("COMMIT")
-            return landed, outcomes
-
-        return await self._run(run)  # type: ignore[no-any-return]
-
-    @staticmethod
-    def _claim_one(
-        conn: sqlite3.Connection, c: KeyClaim, now: float, lock_seconds: float, ttl: float
-    ) -> ClaimOutcome:
-        row = conn.execute(
-            _SQLITE_CLAIM, (c.scope, c.key, c.fingerprint, now + lock_seconds, now + ttl, now)
-        ).fetchone()
-        if row is not None:
-            return ClaimOutcome("acquired", row[0], c.fingerprint)
-        existing = conn.execute(f"{_READ} WHERE scope = ? AND key = ?", (c.scope, c.key))
-        return _outcome(existing.fetchone())
-
-    @staticmethod
-    def _complete_one(conn: sqlite3.Connection, c: Completion, now: float) -> bool:
-        r = c.response
-        cur = conn.execute(
-            _COMPLETE,
-            (r.status, r.headers_json(), r.body, int(r.chunked), now, c.scope, c.key, c.fence),
+        return await self._run(  # type: ignore[no-any-return]
+            lambda conn: self._apply_on(conn, completions, claims, now, lock_seconds, ttl)
         )
-        if r.chunked and cur.rowcount == 1:
-            conn.execute(
-                f"DELETE FROM {_CHUNKS} WHERE scope = ? AND key = ? AND fence <> ?",
-                (c.scope, c.key, c.fence),
+
+    def group_commit(
+        self, *, lock_seconds: float, ttl: float
+    ) -> ThreadGroupCommit[KeyClaim | Completion, ClaimOutcome | bool]:
+        """Batches of claims and completions, committed back to back on the
+        store's thread (see ThreadGroupCommit)."""
+
+        def apply(ops: Sequence[KeyClaim | Completion]) -> list[ClaimOutcome | bool]:
+            completions = [op for op in ops if isinstance(op, Completion)]
+            claims = [op for op in ops if isinstance(op, KeyClaim)]
+            landed, outcomes = self.store._call(
+                lambda conn: self._apply_on(
+                    conn, completions, claims, time.time(), lock_seconds, ttl
+                )
             )
-        return cur.rowcount == 1
+            return in_order(ops, landed, outcomes)
+
+        async def schedule(fn: Callable[[], None]) -> None:
+            await self.store.open()
+            await self.store._run(lambda conn: fn())
+
+        return ThreadGroupCommit(apply, schedule)
+
+    @classmethod
+    def _apply_on(
+        cls,
+        conn: sqlite3.Connection,
+        completions: Sequence[Completion],
+        claims: Sequence[KeyClaim],
+        now: float,
+        lock_seconds: float,
+        ttl: float,
+    ) -> tuple[list[bool], list[ClaimOutcome]]:
+        conn.execute("BEGIN IMMEDIATE")
+        landed = cls._complete_all(conn, completions, now) if completions else []
+        outcomes = cls._claim_all(conn, claims, now, lock_seconds, ttl) if claims else []
+        conn.execute("COMMIT")
+        return landed, outcomes
+
+    @staticmethod
+    def _claim_all(
+        conn: sqlite3.Connection,
+        claims: Sequence[KeyClaim],
+        now: float,
+        lock_seconds: float,
+        ttl: float,
+    ) -> list[ClaimOutcome]:
+        first = _unique(claims)
+        unique = list(first.values())
+        # Read first (the write lock is held since BEGIN IMMEDIATE): a key
+        # that is done, or running under a live lock, or bound to another
+        # request, is answered from its record and not written at all. The
+        # others (absent, expired, an abandoned claim of this request) go to
+        # INSERT ... ON CONFLICT DO UPDATE WHERE, which decides the claim.
+        records: dict[tuple[str, str], Any] = {}
+        for i in range(0, len(unique), _SQLITE_ROWS):
+            part = unique[i : i + _SQLITE_ROWS]
+            sql = _sqlite_sql(_SQLITE_READ_MANY, "(?, ?)", len(part))
+            for row in conn.execute(sql, [v for c in part for v in (c.scope, c.key)]):
+                records[(row[0], row[1])] = row
+        existing: dict[tuple[str, str], ClaimOutcome] = {}
+        attempts: list[KeyClaim] = []
+        for c in unique:
+            row = records.get((c.scope, c.key))
+            if (
+                row is not None
+                and row[9] >= now
+                and not (
+                    row[3] == "running"
+                    and row[10] is not None
+                    and row[10] < now
+                    and row[2] == c.fingerprint
+                )
+            ):
+                existing[(c.scope, c.key)] = _outcome(row)
+            else:
+                attempts.append(c)
+        won: dict[tuple[str, str], int] = {}
+        locked_until, expires_at = now + lock_seconds, now + ttl
+        quiet = not any((c.scope, c.key) in records for c in attempts)
+        for i in range(0, len(attempts), _SQLITE_ROWS):
+            part = attempts[i : i + _SQLITE_ROWS]
+            params: list[Any] = []
+            for c in part:
+                params += (c.scope, c.key, c.fingerprint, locked_until, expires_at, now)
+            if quiet:
+                # New keys only: each row inserted is a claim won, with fence 1.
+                sql = _sqlite_sql(_SQLITE_CLAIM_QUIET, _SQLITE_CLAIM_ROW, len(part))
+                if conn.execute(sql, params).rowcount != len(part):
+                    raise StoreError("idempotency keys appeared under the write lock")
+                won.update(((c.scope, c.key), 1) for c in part)
+                continue
+            sql = _sqlite_sql(_SQLITE_CLAIM, _SQLITE_CLAIM_ROW, len(part))
+            for scope, key, fence in conn.execute(sql, params):
+                won[(scope, key)] = fence
+        lost = [c for c in attempts if (c.scope, c.key) not in won]
+        for i in range(0, len(lost), _SQLITE_ROWS):
+            part = lost[i : i + _SQLITE_ROWS]
+            sql = _sqlite_sql(_SQLITE_READ_MANY, "(?, ?)", len(part))
+            for row in conn.execute(sql, [v for c in part for v in (c.scope, c.key)]):
+                existing[(row[0], row[1])] = _outcome(row)
+        return _answers(claims, first, won, existing)
+
+    @staticmethod
+    def _complete_all(
+        conn: sqlite3.Connection, completions: Sequence[Completion], now: float
+    ) -> list[bool]:
+        landed: set[tuple[str, str]] = set()
+        for i in range(0, len(completions), _SQLITE_ROWS):
+            part = completions[i : i + _SQLITE_ROWS]
+            params: list[Any] = [now]
+            for c in part:
+                r = c.response
+                params += (
+                    c.scope, c.key, c.fence, r.status, r.headers_json(), r.body, int(r.chunked)
+                )  # fmt: skip
+            sql = _sqlite_sql(_SQLITE_COMPLETE_QUIET, _SQLITE_COMPLETE_ROW, len(part))
+            if conn.execute(sql, params).rowcount == len(part):
+                landed.update((c.scope, c.key) for c in part)
+                continue
+            # Some came from a stale owner (rare): ask which ones landed.
+            sql = _sqlite_sql(_SQLITE_LANDED, "(?, ?, ?)", len(part))
+            keys = [v for c in part for v in (c.scope, c.key, c.fence)]
+            landed.update(conn.execute(sql, [*keys, now]))
+        for c in completions:
+            if c.response.chunked and (c.scope, c.key) in landed:
+                conn.execute(
+                    f"DELETE FROM {_CHUNKS} WHERE scope = ? AND key = ? AND fence <> ?",
+                    (c.scope, c.key, c.fence),
+                )
+        return [(c.scope, c.key) in landed for c in completions]
 
     async def release(self, scope: str, key: str, fence: int) -> None:
         def run(conn: sqlite3.Connection) -> None:
@@ -206,157 +395,3 @@ class SQLiteKeyStore(KeyStore):
             return conn.execute(f"DELETE FROM {_KEYS} WHERE expires_at < ?", (now,)).rowcount
 
         return await self._run(run)  # type: ignore[no-any-return]
-
-
-class PostgresKeyStore(KeyStore):
-    _CLAIM = f"""
-        INSERT INTO {_KEYS} AS k
-            (scope, key, fingerprint, status, locked_until, expires_at, created_at)
-        SELECT s, k, f, 'running', $4::float8 + $5::float8, $4::float8 + $6::float8, $4::float8
-        FROM unnest($1::text[], $2::text[], $3::text[]) AS u(s, k, f)
-        ON CONFLICT (scope, key) DO UPDATE SET
-            fingerprint = excluded.fingerprint, status = 'running', fence = k.fence + 1,
-            locked_until = excluded.locked_until, expires_at = excluded.expires_at,
-            created_at = excluded.created_at, response_status = NULL,
-            response_headers = NULL, response_body = NULL, chunked = false, completed_at = NULL
-        WHERE k.expires_at < excluded.created_at
-           OR (k.status = 'running' AND k.locked_until < excluded.created_at
-               AND k.fingerprint = excluded.fingerprint)
-        RETURNING scope, key, fence
-    """
-    _READ_MANY = f"""
-        {_READ} WHERE (scope, key) IN (SELECT * FROM unnest($1::text[], $2::text[]))
-    """
-    _COMPLETE = f"""
-        UPDATE {_KEYS} AS k SET status = 'done', response_status = c.st,
-            response_headers = c.h, response_body = c.b, chunked = c.ch,
-            completed_at = $8::float8, locked_until = NULL
-        FROM unnest($1::text[], $2::text[], $3::bigint[], $4::int[], $5::text[], $6::bytea[],
-                    $7::bool[]) AS c(s, k, f, st, h, b, ch)
-        WHERE k.scope = c.s AND k.key = c.k AND k.fence = c.f AND k.status = 'running'
-        RETURNING k.scope, k.key
-    """
-
-    def __init__(self, store: Any) -> None:
-        self.store = store
-
-    async def apply(
-        self,
-        completions: Sequence[Completion],
-        claims: Sequence[KeyClaim],
-        *,
-        now: float,
-        lock_seconds: float,
-        ttl: float,
-    ) -> tuple[list[bool], list[ClaimOutcome]]:
-        async with self.store._connection() as conn, conn.transaction():
-            landed = await self._complete_on(conn, completions, now) if completions else []
-            outcomes = await self._claim_on(conn, claims, now, lock_seconds, ttl) if claims else []
-        return landed, outcomes
-
-    async def _claim_on(
-        self, conn: Any, claims: Sequence[KeyClaim], now: float, lock_seconds: float, ttl: float
-    ) -> list[ClaimOutcome]:
-        # ON CONFLICT DO UPDATE may not touch one row twice in a statement:
-        # repeats of a key within the batch are answered from the first.
-        first: dict[tuple[str, str], KeyClaim] = {}
-        for c in claims:
-            first.setdefault((c.scope, c.key), c)
-        unique = list(first.values())
-        won = {
-            (r["scope"], r["key"]): r["fence"]
-            for r in await conn.fetch(
-                self._CLAIM,
-                [c.scope for c in unique],
-                [c.key for c in unique],
-                [c.fingerprint for c in unique],
-                now,
-                lock_seconds,
-                ttl,
-            )
-        }
-        lost = [c for c in unique if (c.scope, c.key) not in won]
-        existing = {}
-        if lost:
-            for row in await conn.fetch(
-                self._READ_MANY, [c.scope for c in lost], [c.key for c in lost]
-            ):
-                existing[(row["scope"], row["key"])] = _outcome(tuple(row))
-        outcomes = []
-        answered: set[tuple[str, str]] = set()
-        for c in claims:
-            ident = (c.scope, c.key)
-            if ident in won and ident not in answered:
-                outcomes.append(ClaimOutcome("acquired", won[ident], c.fingerprint))
-            elif ident in won:
-                outcomes.append(ClaimOutcome("running", won[ident], first[ident].fingerprint))
-            else:
-                outcomes.append(existing[ident])
-            answered.add(ident)
-        return outcomes
-
-    async def _complete_on(
-        self, conn: Any, completions: Sequence[Completion], now: float
-    ) -> list[bool]:
-        landed = {
-            (r["scope"], r["key"])
-            for r in await conn.fetch(
-                self._COMPLETE,
-                [c.scope for c in completions],
-                [c.key for c in completions],
-                [c.fence for c in completions],
-                [c.response.status for c in completions],
-                [c.response.headers_json() for c in completions],
-                [c.response.body for c in completions],
-                [c.response.chunked for c in completions],
-                now,
-            )
-        }
-        for c in completions:
-            if c.response.chunked and (c.scope, c.key) in landed:
-                await conn.execute(
-                    f"DELETE FROM {_CHUNKS} WHERE scope = $1 AND key = $2 AND fence <> $3",
-                    c.scope,
-                    c.key,
-                    c.fence,
-                )
-        return [(c.scope, c.key) in landed for c in completions]
-
-    async def release(self, scope: str, key: str, fence: int) -> None:
-        async with self.store._connection() as conn:
-            await conn.execute(
-                f"DELETE FROM {_KEYS} WHERE scope = $1 AND key = $2 AND fence = $3"
-                " AND status = 'running'",
-                scope,
-                key,
-                fence,
-            )
-
-    async def append_chunks(
-        self, scope: str, key: str, fence: int, first_seq: int, chunks: Sequence[bytes]
-    ) -> None:
-        async with self.store._connection() as conn:
-            await conn.executemany(
-                f"INSERT INTO {_CHUNKS} (scope, key, fence, seq, data) VALUES ($1, $2, $3, $4, $5)",
-                [(scope, key, fence, first_seq + i, c) for i, c in enumerate(chunks)],
-            )
-
-    async def read_chunks(
-        self, scope: str, key: str, fence: int, from_seq: int, limit: int
-    ) -> list[bytes]:
-        async with self.store._connection() as conn:
-            rows = await conn.fetch(
-                f"SELECT data FROM {_CHUNKS} WHERE scope = $1 AND key = $2 AND fence = $3"
-                " AND seq >= $4 ORDER BY seq LIMIT $5",
-                scope,
-                key,
-                fence,
-                from_seq,
-                limit,
-            )
-        return [bytes(r["data"]) for r in rows]
-
-    async def purge(self, *, now: float) -> int:
-        async with self.store._connection() as conn:
-            result = await conn.execute(f"DELETE FROM {_KEYS} WHERE expires_at < $1", now)
-        return int(result.split()[-1])

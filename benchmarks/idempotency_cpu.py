@@ -1,0 +1,182 @@
+"""CPU per request of the Idempotency-Key middleware, in process (no HTTP, no wrk).
+
+benchmarks/idempotency.py measures throughput over HTTP on a shared machine,
+where other load moves the figures. This script drives the ASGI app of
+benchmarks/idempotency_app.py directly, `--concurrency` requests at a time,
+and reports the CPU each request cost:
+
+  loop µs    CPU of the event-loop thread (the server's bottleneck: one core);
+  other µs   CPU of the process's other threads (the SQLite thread);
+
+for the bare endpoint and, per engine, fresh keys, replays from the cache and
+replays without it. CPU time, unlike requests/s, barely moves with foreign
+load, so it shows what a code change saved. HTTP parsing (uvicorn/httptools)
+is not included: it costs the same with and without the middleware.
+
+    python benchmarks/idempotency_cpu.py [--requests 4000] [--engines sqlite,postgres]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from idempotency import BODY, cycle_request, new_tag
+from idempotency_app import build
+from onceonly.asgi import ASGIApp, Message
+from receive import pg_drop, pg_recreate
+
+
+def _process_and_loop_cpu() -> tuple[float, float]:
+    return time.process_time(), time.thread_time()
+
+
+async def _lifespan(app: ASGIApp) -> tuple[asyncio.Future[None], asyncio.Queue[Message]]:
+    inbox: asyncio.Queue[Message] = asyncio.Queue()
+    started = asyncio.Event()
+
+    async def send(message: Message) -> None:
+        if message["type"].startswith("lifespan.startup"):
+            started.set()
+
+    await inbox.put({"type": "lifespan.startup"})
+    task: asyncio.Future[None] = asyncio.ensure_future(
+        app({"type": "lifespan", "asgi": {"version": "3.0"}}, inbox.get, send)
+    )
+    await started.wait()
+    return task, inbox
+
+
+def _scope(headers: dict[str, str]) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/orders",
+        "raw_path": b"/orders",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+        + [(b"host", b"127.0.0.1:8001"), (b"content-length", b"160")],
+        "client": ("127.0.0.1", 40000),
+        "server": ("127.0.0.1", 8001),
+    }
+
+
+async def _one(app: ASGIApp, headers: dict[str, str], body: bytes) -> int:
+    sent = False
+    status = 0
+
+    async def receive() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+
+    await app(_scope(headers), receive, send)
+    return status
+
+
+async def _drive(app: ASGIApp, requests: int, concurrency: int, make: Any) -> tuple[float, float]:
+    counter = iter(range(requests))
+
+    async def worker() -> None:
+        for i in counter:
+            headers, body = make(i)
+            status = await _one(app, headers, body)
+            if status != 201:
+                raise RuntimeError(f"status {status}")
+
+    p0, t0 = _process_and_loop_cpu()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    p1, t1 = _process_and_loop_cpu()
+    loop_us = (t1 - t0) / requests * 1e6
+    other_us = ((p1 - p0) - (t1 - t0)) / requests * 1e6
+    return loop_us, other_us
+
+
+async def measure(
+    target: str, url: str | None, requests: int, concurrency: int
+) -> tuple[float, float]:
+    app = build(url, 0 if target == "replay-nocache" else 32 * 1024 * 1024)
+    task, inbox = await _lifespan(app)
+    tag = new_tag()
+    keys = 500
+    try:
+        if target.startswith("replay"):
+
+            def make(i: int) -> tuple[dict[str, str], bytes]:
+                return cycle_request(tag, 0, i % keys)
+
+            await _drive(app, keys, concurrency, make)  # creates the keys
+        else:
+
+            def make(i: int) -> tuple[dict[str, str], bytes]:
+                headers, _ = cycle_request(tag, 0, i)
+                return headers, BODY.format(tag=tag, i=i).encode()
+
+        await _drive(app, min(requests, 500), concurrency, make)  # warm-up
+        return await _drive(app, requests, concurrency, make)
+    finally:
+        await inbox.put({"type": "lifespan.shutdown"})
+        await task
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=4000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--engines", default="sqlite,postgres")
+    parser.add_argument("--targets", default="fresh,replay,replay-nocache")
+    parser.add_argument("--pg-admin-url", default="postgresql://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--pg-database", default="onceonly_bench_idem_cpu")
+    args = parser.parse_args(argv)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    workdir = Path(tempfile.mkdtemp(prefix="onceonly-bench-idem-cpu-"))
+    urls: dict[str, str] = {}
+    for engine in args.engines.split(","):
+        if engine == "sqlite":
+            urls[engine] = f"sqlite:///{workdir / 'onceonly.db'}"
+        elif engine == "postgres":
+            urls[engine] = pg_recreate(args.pg_admin_url, args.pg_database)
+    rows = [("bare", "-", None)] + [
+        (t, e, u) for e, u in urls.items() for t in args.targets.split(",")
+    ]
+    print(f"{'target':<16}{'engine':<10}{'loop µs':>9}{'other µs':>10}{'vs bare loop':>14}")
+    bare = 0.0
+    try:
+        for target, engine, url in rows:
+            loop_us, other_us = asyncio.run(measure(target, url, args.requests, args.concurrency))
+            bare = bare or loop_us
+            print(
+                f"{target:<16}{engine:<10}{loop_us:>9.0f}{other_us:>10.0f}{loop_us / bare:>13.2f}x",
+                flush=True,
+            )
+    finally:
+        if "postgres" in urls:
+            pg_drop(args.pg_admin_url, args.pg_database)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

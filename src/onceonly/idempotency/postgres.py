@@ -1,0 +1,253 @@
+"""Idempotency-Key records on PostgreSQL: one round trip per batch.
+
+See storage.py for the claim's rules; this is the PostgreSQL statement of them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from .records import ClaimOutcome, Completion, KeyClaim
+from .storage import _CHUNKS, _KEYS, _READ, KeyStore, _answers, _outcome, _unique
+
+__all__ = ["PostgresKeyStore"]
+
+
+class PostgresKeyStore(KeyStore):
+    # One round trip for a batch of claims. `plan` reads the keys' records;
+    # the INSERT is attempted only for keys that are absent, expired or an
+    # abandoned claim of the same request, and the database decides it: ON
+    # CONFLICT ... WHERE is the same test, re-checked on the latest row under
+    # its lock. Keys the read already settles (done: replay; running: 409;
+    # another request: 422) are answered from it and write nothing, so a
+    # replay neither locks its row nor waits for a WAL flush.
+    #
+    # A batch travels as one JSON parameter, not as arrays: asyncpg inspects
+    # every array element in Python, which cost more than the statement.
+    _CLAIM_CTES = f"""
+        plan AS (
+            SELECT u.sc, u.ke, u.fp, e.fingerprint, e.status, e.fence, e.response_status,
+                   e.response_headers, e.response_body, e.chunked, e.expires_at,
+                   coalesce(e.expires_at >= $2::float8
+                            AND NOT (e.status = 'running' AND e.locked_until < $2::float8
+                                     AND e.fingerprint = u.fp), false) AS settled
+            FROM (SELECT v->>0 AS sc, v->>1 AS ke, v->>2 AS fp
+                  FROM json_array_elements($1::json) AS j(v)) AS u
+            LEFT JOIN {_KEYS} AS e ON e.scope = u.sc AND e.key = u.ke
+        ), claimed AS (
+            INSERT INTO {_KEYS} AS k
+                (scope, key, fingerprint, status, locked_until, expires_at, created_at)
+            SELECT sc, ke, fp, 'running', $2::float8 + $3::float8, $2::float8 + $4::float8,
+                   $2::float8
+            FROM plan WHERE NOT settled
+            ON CONFLICT (scope, key) DO UPDATE SET
+                fingerprint = excluded.fingerprint, status = 'running', fence = k.fence + 1,
+                locked_until = excluded.locked_until, expires_at = excluded.expires_at,
+                created_at = excluded.created_at, response_status = NULL,
+                response_headers = NULL, response_body = NULL, chunked = false,
+                completed_at = NULL
+            WHERE k.expires_at < excluded.created_at
+               OR (k.status = 'running' AND k.locked_until < excluded.created_at
+                   AND k.fingerprint = excluded.fingerprint)
+            RETURNING k.scope, k.key, k.fence
+        )"""
+    _CLAIM_SELECT = """
+        SELECT p.sc, p.ke, p.fingerprint, p.status, p.fence, p.response_status,
+               p.response_headers, p.response_body, p.chunked, p.expires_at, p.settled,
+               c.fence AS claimed{landed}
+        FROM plan AS p LEFT JOIN claimed AS c ON c.scope = p.sc AND c.key = p.ke"""
+    _CLAIM = f"WITH {_CLAIM_CTES} {_CLAIM_SELECT.format(landed='')}"
+    _READ_MANY = f"""
+        {_READ} WHERE (scope, key) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+    """
+    # Parameters ${0} (the rows, see _complete_rows) and ${1} (now): the claim
+    # statement's come first when the two share one.
+    _UPDATE = """
+        UPDATE {keys} AS k SET status = 'done', response_status = (c.v->>3)::int,
+            response_headers = c.v->>4, response_body = decode(c.v->>5, 'hex'),
+            chunked = (c.v->>6)::bool, completed_at = ${1}::float8, locked_until = NULL
+        FROM json_array_elements(${0}::json) AS c(v)
+        WHERE k.scope = c.v->>0 AND k.key = c.v->>1 AND k.fence = (c.v->>2)::bigint
+          AND k.status = 'running'
+        RETURNING k.scope, k.key"""
+    _COMPLETE = _UPDATE.format(1, 2, keys=_KEYS)
+    # A batch's completions and claims in one statement (one round trip, one
+    # commit) when no key is in both: data-modifying CTEs share one snapshot,
+    # so a key completed and claimed in the same batch takes two statements.
+    _COMPLETE_AND_CLAIM = (
+        f"WITH landed AS ({_UPDATE.format(5, 6, keys=_KEYS)}), {_CLAIM_CTES} "
+        + _CLAIM_SELECT.format(
+            landed=", (SELECT array_agg(ARRAY[l.scope, l.key]) FROM landed AS l)"
+        )
+    )
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    async def apply(
+        self,
+        completions: Sequence[Completion],
+        claims: Sequence[KeyClaim],
+        *,
+        now: float,
+        lock_seconds: float,
+        ttl: float,
+    ) -> tuple[list[bool], list[ClaimOutcome]]:
+        # No BEGIN/COMMIT round trips: each statement is atomic on its own,
+        # and the completions still commit before the claims run, so a claim
+        # of a key completed in this batch finds it done.
+        async with self.store._connection() as conn:
+            if completions and claims and not self._overlap(completions, claims):
+                return await self._complete_and_claim_on(
+                    conn, completions, claims, now, lock_seconds, ttl
+                )
+            landed = await self._complete_on(conn, completions, now) if completions else []
+            outcomes = await self._claim_on(conn, claims, now, lock_seconds, ttl) if claims else []
+        return landed, outcomes
+
+    @staticmethod
+    def _overlap(completions: Sequence[Completion], claims: Sequence[KeyClaim]) -> bool:
+        completing = {(c.scope, c.key) for c in completions}
+        return any((c.scope, c.key) in completing for c in claims)
+
+    @staticmethod
+    def _claim_args(
+        unique: Sequence[KeyClaim], now: float, lock_seconds: float, ttl: float
+    ) -> list[Any]:
+        rows = json.dumps([(c.scope, c.key, c.fingerprint) for c in unique])
+        return [rows, now, lock_seconds, ttl]
+
+    @staticmethod
+    def _complete_args(completions: Sequence[Completion], now: float) -> list[Any]:
+        rows = [
+            (
+                c.scope,
+                c.key,
+                c.fence,
+                c.response.status,
+                c.response.headers_json(),
+                None if c.response.body is None else c.response.body.hex(),
+                c.response.chunked,
+            )
+            for c in completions
+        ]
+        return [json.dumps(rows), now]
+
+    async def _complete_and_claim_on(
+        self,
+        conn: Any,
+        completions: Sequence[Completion],
+        claims: Sequence[KeyClaim],
+        now: float,
+        lock_seconds: float,
+        ttl: float,
+    ) -> tuple[list[bool], list[ClaimOutcome]]:
+        first = _unique(claims)
+        rows = await conn.fetch(
+            self._COMPLETE_AND_CLAIM,
+            *self._claim_args(list(first.values()), now, lock_seconds, ttl),
+            *self._complete_args(completions, now),
+        )
+        landed = {(s, k) for s, k in (rows[0][12] or ())} if rows else set()
+        await self._drop_old_chunks(conn, completions, landed)
+        outcomes = await self._claim_outcomes(conn, claims, first, rows)
+        return [(c.scope, c.key) in landed for c in completions], outcomes
+
+    async def _claim_on(
+        self, conn: Any, claims: Sequence[KeyClaim], now: float, lock_seconds: float, ttl: float
+    ) -> list[ClaimOutcome]:
+        first = _unique(claims)
+        rows = await conn.fetch(
+            self._CLAIM, *self._claim_args(list(first.values()), now, lock_seconds, ttl)
+        )
+        return await self._claim_outcomes(conn, claims, first, rows)
+
+    async def _claim_outcomes(
+        self,
+        conn: Any,
+        claims: Sequence[KeyClaim],
+        first: dict[tuple[str, str], KeyClaim],
+        rows: Sequence[Any],
+    ) -> list[ClaimOutcome]:
+        won: dict[tuple[str, str], int] = {}
+        existing: dict[tuple[str, str], ClaimOutcome] = {}
+        raced: list[KeyClaim] = []
+        for row in rows:
+            ident = (row[0], row[1])
+            if row[11] is not None:
+                won[ident] = row[11]
+            elif row[10]:
+                existing[ident] = _outcome(row)
+            else:
+                # Attempted and lost to a concurrent request: what the plan
+                # read is out of date, read the record as it is now.
+                raced.append(first[ident])
+        if raced:
+            for row in await conn.fetch(
+                self._READ_MANY, [c.scope for c in raced], [c.key for c in raced]
+            ):
+                existing[(row[0], row[1])] = _outcome(row)
+        return _answers(claims, first, won, existing)
+
+    async def _complete_on(
+        self, conn: Any, completions: Sequence[Completion], now: float
+    ) -> list[bool]:
+        rows = await conn.fetch(self._COMPLETE, *self._complete_args(completions, now))
+        landed = {(r[0], r[1]) for r in rows}
+        await self._drop_old_chunks(conn, completions, landed)
+        return [(c.scope, c.key) in landed for c in completions]
+
+    @staticmethod
+    async def _drop_old_chunks(
+        conn: Any, completions: Sequence[Completion], landed: set[tuple[str, str]]
+    ) -> None:
+        """Chunks of an earlier owner of a key (a take-over) are no longer replayable."""
+        for c in completions:
+            if c.response.chunked and (c.scope, c.key) in landed:
+                await conn.execute(
+                    f"DELETE FROM {_CHUNKS} WHERE scope = $1 AND key = $2 AND fence <> $3",
+                    c.scope,
+                    c.key,
+                    c.fence,
+                )
+
+    async def release(self, scope: str, key: str, fence: int) -> None:
+        async with self.store._connection() as conn:
+            await conn.execute(
+                f"DELETE FROM {_KEYS} WHERE scope = $1 AND key = $2 AND fence = $3"
+                " AND status = 'running'",
+                scope,
+                key,
+                fence,
+            )
+
+    async def append_chunks(
+        self, scope: str, key: str, fence: int, first_seq: int, chunks: Sequence[bytes]
+    ) -> None:
+        async with self.store._connection() as conn:
+            await conn.executemany(
+                f"INSERT INTO {_CHUNKS} (scope, key, fence, seq, data) VALUES ($1, $2, $3, $4, $5)",
+                [(scope, key, fence, first_seq + i, c) for i, c in enumerate(chunks)],
+            )
+
+    async def read_chunks(
+        self, scope: str, key: str, fence: int, from_seq: int, limit: int
+    ) -> list[bytes]:
+        async with self.store._connection() as conn:
+            rows = await conn.fetch(
+                f"SELECT data FROM {_CHUNKS} WHERE scope = $1 AND key = $2 AND fence = $3"
+                " AND seq >= $4 ORDER BY seq LIMIT $5",
+                scope,
+                key,
+                fence,
+                from_seq,
+                limit,
+            )
+        return [bytes(r["data"]) for r in rows]
+
+    async def purge(self, *, now: float) -> int:
+        async with self.store._connection() as conn:
+            result = await conn.execute(f"DELETE FROM {_KEYS} WHERE expires_at < $1", now)
+        return int(result.split()[-1])
