@@ -22,14 +22,20 @@ transaction; the action registered under that name runs after the commit, so a
 rolled-back attempt sends nothing. Actions run at least once (a crash after
 sending and before marking sent sends again), with ``key`` to pass on for
 once.
+
+The real state. ``ctx.fetch()`` (``await ctx.afetch()`` in an async handler)
+reads the object the event points to from the provider's API (see
+:mod:`onceonly.clients`): the payload is a hint, the API's answer is what to act
+on. The answer is kept for the rest of the attempt; a retry reads it again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -38,7 +44,9 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from ._exceptions import ConfigurationError, OnceonlyError
+from .clients import ApiClient, Target
 from .events import Event
+from .providers.base import env_name
 from .queries import Queries
 
 __all__ = ["Context", "EffectError", "HandlerSavepoints", "effect_key"]
@@ -74,6 +82,11 @@ class Context:
     _deferred_effects: list[dict[str, Any]] = field(default_factory=list)
     _session: Session | None = None
     _staged: bool = False
+    #: Provider route -> API client, for fetch(); the worker's loop for this thread.
+    _api_clients: Mapping[str, ApiClient] = field(default_factory=dict)
+    _event_loop: Callable[[], asyncio.AbstractEventLoop] | None = None
+    #: Answers (or errors) read in this attempt, some before it began (prefetch).
+    _fetched: dict[Target, dict[str, Any] | Exception] = field(default_factory=dict)
 
     @property
     def session(self) -> Session:
@@ -140,6 +153,58 @@ class Context:
         result = await call(key)
         self._record(name, key, result)
         return result
+
+    async def afetch(self, kind: str | None = None) -> dict[str, Any]:
+        """The object this event points to, as the provider's API has it now.
+
+        `kind` picks another object the event names (``"payment_intent"`` for
+        a Stripe event); the default is what the event is about (see
+        ``docs/fetching.md``). Read once per attempt: a second call returns
+        the same answer without asking the API again. Raises
+        :class:`~onceonly.ApiUnavailable` when the API cannot answer (the
+        attempt fails and the worker retries later), :class:`~onceonly.ApiError`
+        for a refusal (404, 401), :class:`~onceonly.NotFetchable` when the event
+        names no such object, :class:`~onceonly.ConfigurationError` when the
+        provider has no API client configured.
+        """
+        client = self._api_clients.get(self.event.provider)
+        if client is None:
+            raise ConfigurationError(
+                f"no API client for provider {self.event.provider!r}: set "
+                f"{env_name(self.event.provider, 'API_TOKEN')} or pass api_clients= to Onceonly"
+            )
+        target = client.target(self.event, kind)
+        found = self._fetched.get(target)
+        if isinstance(found, Exception):
+            raise found
+        if found is None:
+            found = await client.get(target)
+            self._fetched[target] = found
+        return found
+
+    def fetch(self, kind: str | None = None) -> dict[str, Any]:
+        """:meth:`afetch` for a synchronous handler."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise ConfigurationError(
+                "ctx.fetch() called inside a running event loop; use `await ctx.afetch()`"
+            )
+        if self._event_loop is not None:
+            # The worker thread's own loop: its HTTP connections stay open for
+            # the next event this thread handles.
+            return self._event_loop().run_until_complete(self.afetch(kind))
+        return asyncio.run(self._afetch_and_close(kind))
+
+    async def _afetch_and_close(self, kind: str | None) -> dict[str, Any]:
+        try:
+            return await self.afetch(kind)
+        finally:
+            client = self._api_clients.get(self.event.provider)
+            if client is not None:
+                await client.aclose()
 
     def stage(self, action: str, payload: Any) -> None:
         """Stage `action` to run with `payload` after this transaction commits."""

@@ -38,10 +38,17 @@ class Delivery:
 
 @dataclass(frozen=True, slots=True)
 class EventInfo:
-    """What a provider extracts from a verified delivery."""
+    """What a provider extracts from a verified delivery.
+
+    `extra_headers` are stored with the delivery's own headers (names start
+    with ``onceonly-``): what the provider learned that the event row would
+    otherwise lose, such as the signed query string or that the delivery was
+    accepted unverified.
+    """
 
     event_id: str
     event_type: str | None = None
+    extra_headers: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +66,8 @@ class NewEvent:
 class Receipt:
     """The database's verdict on one inserted event.
 
-    `id` is the row id for a new event; for a duplicate it is ``None``: the
-    database said "already there" and the receive path does not spend a second
-    query to look the old row up.
+    `id` is the row id: of the new row, or for a duplicate of the row already
+    there (the same statement that counted the duplicate returned it).
     """
 
     duplicate: bool
@@ -83,6 +89,11 @@ class Event:
     attempts: int
     #: The last failure, "Type: message", while failed or dead.
     last_error: str | None = None
+    #: Deliveries of this event after the first one, and when the last came.
+    duplicates: int = 0
+    last_duplicate_at: datetime | None = None
+    #: When ``onceonly purge`` dropped body and headers (they are empty since).
+    payload_purged_at: datetime | None = None
 
     def to_dict(self, *, include_body: bool = True) -> dict[str, Any]:
         """A JSON-ready view; the body is decoded as UTF-8 where it can be."""
@@ -95,6 +106,9 @@ class Event:
             "attempts": self.attempts,
             "last_error": self.last_error,
             "received_at": self.received_at.isoformat(),
+            "duplicates": self.duplicates,
+            "last_duplicate_at": _iso(self.last_duplicate_at),
+            "payload_purged_at": _iso(self.payload_purged_at),
             "headers": dict(self.headers),
         }
         if include_body:
@@ -103,3 +117,7 @@ class Event:
             except UnicodeDecodeError:
                 data["body_base64"] = base64.b64encode(self.body).decode()
         return data
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None

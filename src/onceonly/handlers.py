@@ -42,6 +42,9 @@ class Registration:
     handler: Handler
     provider: str | None
     event_type: str | None
+    #: What to read from the provider's API before the transaction opens, for
+    #: ``ctx.fetch(kind)`` (``None``: what the event points to).
+    prefetch: tuple[str | None, ...] = ()
 
     @property
     def name(self) -> str:
@@ -61,7 +64,11 @@ class HandlerRegistry:
         self.actions: dict[str, Action] = {}
 
     def add(
-        self, handler: Handler, provider: str | None = None, event_type: str | None = None
+        self,
+        handler: Handler,
+        provider: str | None = None,
+        event_type: str | None = None,
+        prefetch: tuple[str | None, ...] = (),
     ) -> None:
         key = (provider, event_type)
         if key in self._handlers:
@@ -69,7 +76,7 @@ class HandlerRegistry:
                 f"a handler is already registered for provider={provider!r}, "
                 f"event_type={event_type!r}: {self._handlers[key].name}"
             )
-        self._handlers[key] = Registration(handler, provider, event_type)
+        self._handlers[key] = Registration(handler, provider, event_type, prefetch)
 
     def add_action(self, name: str, action: Action) -> None:
         if name in self.actions:

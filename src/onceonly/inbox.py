@@ -46,6 +46,10 @@ class Inbox:
                 event_id=info.event_id,
                 event_type=info.event_type,
                 body=delivery.body,
-                headers=delivery.headers,
+                headers=(
+                    {**delivery.headers, **info.extra_headers}
+                    if info.extra_headers
+                    else delivery.headers
+                ),
             )
         )

@@ -1,8 +1,10 @@
 """The provider interface: verify a delivery's signature, then say which event it is.
 
 A provider is a small class. Adding one is one file: subclass :class:`Provider`,
-implement :meth:`Provider.verify` and :meth:`Provider.identify`, and register it
-in :data:`onceonly.providers.PROVIDER_CLASSES` under its route name.
+implement :meth:`Provider.verify` and :meth:`Provider.identify` (and
+:meth:`Provider.sign`, so the fake gateway and tests can send it deliveries),
+and register it in :data:`onceonly.providers.PROVIDER_CLASSES` under its route
+name.
 """
 
 from __future__ import annotations
@@ -11,16 +13,44 @@ import hashlib
 import hmac
 import json
 import time
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Literal, Self
 
 from .._exceptions import ConfigurationError, PayloadError, SignatureError
 from ..events import Delivery, EventInfo
 
-__all__ = ["Clock", "Provider", "TimestampedProvider"]
+__all__ = [
+    "UNVERIFIED",
+    "Clock",
+    "Provider",
+    "TimestampedProvider",
+    "UnsignedPolicy",
+    "is_unverified",
+]
 
 Clock = Callable[[], float]
+
+#: What to do with a delivery its sender does not sign at all (Mercado Pago QR
+#: and legacy IPN notifications, PagSeguro's legacy form post): ``"reject"`` it,
+#: or accept it only as a trigger to ``"fetch"`` the real state from the API.
+UnsignedPolicy = Literal["reject", "fetch"]
+UNSIGNED_POLICIES: tuple[UnsignedPolicy, ...] = ("reject", "fetch")
+
+#: Prefix of the event id and event type of a delivery accepted unsigned (the
+#: ``fetch`` policy). On the type, it keeps handlers registered for the signed
+#: types (``payment.updated``) from running on it; on the id, it keeps an
+#: unsigned delivery from ever taking the id of a signed event, which would make
+#: the real one a "duplicate". The stored headers also say
+#: ``onceonly-verified: false``.
+UNVERIFIED = "unverified:"
+
+
+def is_unverified(event_type: str | None) -> bool:
+    """True for the type of an event accepted without a signature: only its
+    object id may be used, to fetch the real state from the provider's API."""
+    return event_type is not None and event_type.startswith(UNVERIFIED)
 
 
 class Provider(ABC):
@@ -57,6 +87,30 @@ class Provider(ABC):
     @abstractmethod
     def identify(self, delivery: Delivery) -> EventInfo:
         """Return the event id and type; raise :class:`PayloadError` when there is none."""
+
+    def sign(
+        self,
+        body: bytes,
+        *,
+        timestamp: int | None = None,
+        delivery_id: str | None = None,
+        query: Mapping[str, str] | None = None,
+    ) -> dict[str, str]:
+        """The lower-case headers that make `body` an authentic delivery.
+
+        Signed with the first secret, exactly as the sender signs it, so that
+        ``verify(Delivery(name, body, sign(body), query))`` passes. `timestamp`
+        (Unix seconds) defaults to the provider's clock and matters only where
+        the sender signs one. `delivery_id` goes where the sender puts an id in
+        a header (``webhook-id``, ``x-github-delivery``, ``x-shopify-webhook-id``,
+        ``x-request-id``); a random one is made when it is ``None``. `query` is
+        the query string the delivery will be posted with, for senders that
+        sign part of it (Mercado Pago's ``data.id``).
+
+        The fake gateway (``onceonly dev send``) and tests use this; a custom
+        provider that does not override it cannot be sent deliveries by them.
+        """
+        raise NotImplementedError(f"provider {self.name!r} does not implement sign()")
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], secrets: Sequence[str]) -> Self:
@@ -116,6 +170,10 @@ class TimestampedProvider(Provider):
             options["tolerance"] = parse_int(raw, env_name(cls.name, "TOLERANCE"))
         return options
 
+    def now(self, timestamp: int | None = None) -> int:
+        """`timestamp`, or the provider clock's current second when it is ``None``."""
+        return int(self.clock()) if timestamp is None else timestamp
+
     def check_timestamp(self, raw: str) -> int:
         try:
             timestamp = int(raw)
@@ -126,6 +184,19 @@ class TimestampedProvider(Provider):
         if self.tolerance and abs(int(self.clock()) - timestamp) > self.tolerance:
             raise self.reject(f"timestamp {timestamp} is outside the {self.tolerance} s tolerance")
         return timestamp
+
+
+def parse_unsigned_policy(raw: str, what: str) -> UnsignedPolicy:
+    value = raw.strip().lower()
+    for policy in UNSIGNED_POLICIES:
+        if value == policy:
+            return policy
+    raise ConfigurationError(f"{what} must be 'reject' or 'fetch', got {raw!r}")
+
+
+def new_delivery_id(prefix: str = "") -> str:
+    """A random delivery id for :meth:`Provider.sign` when the caller gives none."""
+    return prefix + str(uuid.uuid4())
 
 
 def env_name(provider: str, suffix: str) -> str:
@@ -158,6 +229,19 @@ def any_match(expected: Iterable[bytes], given: Iterable[bytes]) -> bool:
         for candidate in given:
             matched |= hmac.compare_digest(exp, candidate)
     return matched
+
+
+def sha256_hex(*parts: bytes) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part)
+    return digest.hexdigest()
+
+
+def body_hash_id(body: bytes) -> str:
+    """A deterministic event id for a body that carries none: a resend of the
+    same bytes dedupes, any change in them is a new event."""
+    return "sha256:" + sha256_hex(body)
 
 
 def json_object(delivery: Delivery) -> dict[str, Any]:

@@ -9,8 +9,10 @@ payloads, and the raw bytes are stored either way.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ..events import Delivery, EventInfo
-from .base import Provider, any_match, as_event_id, hmac_sha256
+from .base import Provider, any_match, as_event_id, hmac_sha256, new_delivery_id
 
 __all__ = ["GitHub"]
 
@@ -26,6 +28,21 @@ class GitHub(Provider):
         expected = (hmac_sha256(s.encode(), delivery.body).hex().encode() for s in self.secrets)
         if not any_match(expected, [signature.lower().encode("ascii", "replace")]):
             raise self.reject("signature does not match")
+
+    def sign(
+        self,
+        body: bytes,
+        *,
+        timestamp: int | None = None,
+        delivery_id: str | None = None,
+        query: Mapping[str, str] | None = None,
+    ) -> dict[str, str]:
+        # GitHub signs no timestamp; the event type (X-GitHub-Event) is the
+        # caller's to add.
+        return {
+            "x-hub-signature-256": "sha256=" + hmac_sha256(self.secrets[0].encode(), body).hex(),
+            "x-github-delivery": delivery_id or new_delivery_id(),
+        }
 
     def identify(self, delivery: Delivery) -> EventInfo:
         delivery_id = delivery.headers.get("x-github-delivery")

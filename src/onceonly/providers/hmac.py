@@ -26,6 +26,7 @@ from .base import (
     hmac_sha256,
     json_object,
     lookup,
+    new_delivery_id,
     optional_text,
 )
 
@@ -89,6 +90,22 @@ class HMAC(Provider):
         expected = (self._encode(hmac_sha256(s.encode(), delivery.body)) for s in self.secrets)
         if not any_match(expected, [value.encode("ascii", "replace")]):
             raise self.reject("signature does not match")
+
+    def sign(
+        self,
+        body: bytes,
+        *,
+        timestamp: int | None = None,
+        delivery_id: str | None = None,
+        query: Mapping[str, str] | None = None,
+    ) -> dict[str, str]:
+        """The signature header; plus the event id header when the id is read from one."""
+        digest = hmac_sha256(self.secrets[0].encode(), body)
+        headers = {self.header: self.prefix + self._encode(digest).decode()}
+        kind, where = self.event_id
+        if kind == "header":
+            headers[where] = delivery_id or new_delivery_id()
+        return headers
 
     def identify(self, delivery: Delivery) -> EventInfo:
         locations = [self.event_id] + ([self.event_type] if self.event_type else [])

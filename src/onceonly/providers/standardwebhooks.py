@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from .._exceptions import ConfigurationError
 from ..events import Delivery, EventInfo
@@ -25,6 +25,7 @@ from .base import (
     as_event_id,
     hmac_sha256,
     json_object,
+    new_delivery_id,
     optional_text,
 )
 
@@ -87,6 +88,24 @@ class StandardWebhooks(TimestampedProvider):
         expected = (base64.b64encode(hmac_sha256(key, *signed)) for key in self._keys)
         if not any_match(expected, signatures):
             raise self.reject("no v1 signature matches")
+
+    def sign(
+        self,
+        body: bytes,
+        *,
+        timestamp: int | None = None,
+        delivery_id: str | None = None,
+        query: Mapping[str, str] | None = None,
+    ) -> dict[str, str]:
+        """``webhook-*`` headers (the standard's names; Svix sends ``svix-*``)."""
+        msg_id = delivery_id or new_delivery_id("msg_")
+        t = str(self.now(timestamp))
+        digest = hmac_sha256(self._keys[0], msg_id.encode(), b".", t.encode(), b".", body)
+        return {
+            "webhook-id": msg_id,
+            "webhook-timestamp": t,
+            "webhook-signature": "v1," + base64.b64encode(digest).decode(),
+        }
 
     def identify(self, delivery: Delivery) -> EventInfo:
         msg_id = delivery.headers.get("webhook-id") or delivery.headers.get("svix-id")

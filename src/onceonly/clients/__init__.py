@@ -1,0 +1,67 @@
+"""Clients for the payment providers' APIs: the payload is a hint, the API is the truth.
+
+Each client reads the object an event points to (``client.fetch(event)``), with
+timeouts, retries with backoff on 5xx/429/network errors, and errors translated
+into :class:`~onceonly.ApiError` / :class:`~onceonly.ApiUnavailable`. Inside a
+handler use ``ctx.fetch()`` or ``await ctx.afetch()``; see ``docs/fetching.md``.
+
+Configuration per provider route (``<ROUTE>`` upper-cased, as for secrets):
+
+- ``ONCEONLY_<ROUTE>_API_TOKEN``: the credential (Stripe secret key, Mercado
+  Pago access token, Asaas API key, PagBank token); setting it enables the client.
+- ``ONCEONLY_<ROUTE>_API_BASE``: the API's base URL (a sandbox, or the fake
+  API of ``onceonly dev``).
+- PagBank's legacy notifications: ``ONCEONLY_PAGBANK_LEGACY_EMAIL``,
+  ``ONCEONLY_PAGBANK_LEGACY_TOKEN`` (default: the API token),
+  ``ONCEONLY_PAGBANK_LEGACY_API_BASE``.
+- For every client: ``ONCEONLY_API_TIMEOUT`` (seconds per request phase,
+  default 10) and ``ONCEONLY_API_RETRIES`` (default 3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..providers import Provider
+from .asaas import AsaasClient
+from .base import ApiClient, RetryPolicy, Target
+from .mercadopago import MercadoPagoClient
+from .pagbank import PagBankClient
+from .stripe import StripeClient
+
+__all__ = [
+    "CLIENT_CLASSES",
+    "ApiClient",
+    "AsaasClient",
+    "MercadoPagoClient",
+    "PagBankClient",
+    "RetryPolicy",
+    "StripeClient",
+    "Target",
+    "clients_from_environ",
+]
+
+#: Provider name -> its API client class.
+CLIENT_CLASSES: dict[str, type[ApiClient]] = {
+    cls.name: cls for cls in (StripeClient, MercadoPagoClient, AsaasClient, PagBankClient)
+}
+
+
+def clients_from_environ(
+    environ: Mapping[str, str], providers: Mapping[str, Provider] | None = None
+) -> dict[str, ApiClient]:
+    """The API clients configured in `environ`, keyed by provider route.
+
+    A route is a provider name (``stripe``) or any configured route whose
+    provider is one (``stripe-connect`` with a :class:`~onceonly.providers.Stripe`).
+    """
+    routes = {name: name for name in CLIENT_CLASSES}
+    for route, provider in (providers or {}).items():
+        routes[route] = provider.name
+    found: dict[str, ApiClient] = {}
+    for route, provider_name in routes.items():
+        cls = CLIENT_CLASSES.get(provider_name)
+        client = cls.from_environ(environ, route) if cls is not None else None
+        if client is not None:
+            found[route] = client
+    return found

@@ -1,0 +1,436 @@
+"""The fake provider API: the objects events point to, served at each provider's real paths.
+
+Point an API client's base URL at it (``ONCEONLY_MERCADOPAGO_API_BASE=http://127.0.0.1:8001``)
+and ``ctx.fetch()`` reads what the fake holds; change an object's status and
+the next fetch sees the change. It checks the credential the way the provider
+does and can misbehave on purpose (5xx answers, 429 with ``Retry-After``,
+slow answers), so tests and local development exercise the client's retries.
+
+- stripe ``event``: ``GET /v1/events/{id}``, ``Authorization: Bearer <token>``
+- stripe ``payment_intent``: ``GET /v1/payment_intents/{id}``, Bearer
+- mercadopago ``payment``: ``GET /v1/payments/{id}``, Bearer
+- asaas ``payment``: ``GET /v3/payments/{id}``, header ``access_token: <token>``
+- pagbank ``order``: ``GET /orders/{id}``, Bearer
+- pagbank ``charge``: ``GET /charges/{id}``, Bearer
+- pagbank ``notification`` (legacy PagSeguro):
+  ``GET /v3/transactions/notifications/{code}?email=<email>&token=<token>``
+
+The paths do not overlap, so one server serves every provider at once. The
+legacy PagSeguro lookup answers XML (``<transaction>`` built from the stored
+dict); the others answer JSON. Unknown objects get the provider's kind of 404,
+a wrong credential its kind of 401.
+
+This module imports nothing from the rest of :mod:`onceonly.dev`; it is an
+ASGI app (Starlette) that any server can run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hmac
+import json
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from xml.etree.ElementTree import Element, SubElement, tostring
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+__all__ = ["DEFAULT_TOKEN", "KINDS", "ApiRequest", "FakeApi"]
+
+#: The credential every provider accepts unless told otherwise.
+DEFAULT_TOKEN = "onceonly-dev-token"
+#: Provider -> the kinds of object the fake serves for it.
+KINDS: dict[str, tuple[str, ...]] = {
+    "stripe": ("event", "payment_intent"),
+    "mercadopago": ("payment",),
+    "asaas": ("payment",),
+    "pagbank": ("order", "charge", "notification"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ApiRequest:
+    """One request the fake answered: what was asked and the status it got."""
+
+    provider: str
+    kind: str
+    object_id: str
+    status: int
+
+
+@dataclass(slots=True)
+class _Fault:
+    remaining: int | None  # None: until reset
+    provider: str | None
+    status: int = 0
+    retry_after: str | None = None
+    delay: float = 0.0
+
+
+def _not_found(provider: str, kind: str, object_id: str) -> Response:
+    # Shaped like each provider's own error answer (in our words).
+    label = kind.replace("_", " ")
+    if provider == "stripe":
+        body: Any = {
+            "error": {
+                "type": "invalid_request_error",
+                "code": "resource_missing",
+                "message": f"No such {label}: '{object_id}'",
+            }
+        }
+    elif provider == "mercadopago":
+        body = {"message": f"{label} not found", "error": "not_found", "status": 404, "cause": []}
+    elif provider == "asaas":
+        body = {"errors": [{"code": "not_found", "description": f"{label} not found"}]}
+    elif kind == "notification":
+        xml = b"<errors><error><code>404</code><message>Not Found</message></error></errors>"
+        return Response(xml, 404, media_type="application/xml")
+    else:
+        body = {"error_messages": [{"code": "40004", "description": f"{label} not found"}]}
+    return JSONResponse(body, 404)
+
+
+def _unauthorized(provider: str, kind: str) -> Response:
+    if kind == "notification":
+        return Response("Unauthorized", 401, media_type="text/plain")
+    message = "invalid credentials"
+    if provider == "stripe":
+        return JSONResponse({"error": {"type": "invalid_request_error", "message": message}}, 401)
+    if provider == "asaas":
+        return JSONResponse(
+            {"errors": [{"code": "invalid_access_token", "description": message}]}, 401
+        )
+    return JSONResponse({"message": message, "error": "unauthorized", "status": 401}, 401)
+
+
+def _xml(tag: str, value: Any, parent: Element | None = None) -> Element:
+    element = Element(tag) if parent is None else SubElement(parent, tag)
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            for one in item if isinstance(item, list) else [item]:
+                _xml(str(key), one, element)
+    elif value is not None:
+        element.text = str(value)
+    return element
+
+
+class FakeApi:
+    """An in-memory stand-in for the providers' APIs, as an ASGI app.
+
+    ::
+
+        api = FakeApi()                                  # accepts DEFAULT_TOKEN
+        api.put("mercadopago", "payment", "123", {"id": 123, "status": "pending"})
+        # serve `api` (uvicorn, onceonly dev gateway); point the client at it
+        api.set_status("mercadopago", "payment", "123", "approved")
+        api.fail(2, status=503)                          # the next 2 requests get 503
+        api.slow(1.5, count=1)                           # the next request waits 1.5 s
+        api.hold(); ...; api.release()                   # requests hang until released
+        api.hits("mercadopago", "payment", "123")        # requests answered for it
+
+    `token` is the credential accepted for every provider; `tokens` overrides
+    it per provider. The legacy PagSeguro lookup accepts `legacy_email` with
+    the ``pagbank`` token. Objects are stored and returned as copies; every
+    method is safe to call from another thread while the app serves.
+
+    With `admin` (default on), ``GET``/``PUT /_fake/{provider}/{kind}/{id}``
+    read and replace an object over HTTP and ``POST
+    /_fake/{provider}/{kind}/{id}/status`` (JSON ``{"status": ...}``) changes
+    its status, without credentials: for a fake run as its own process. Serve
+    it on loopback only.
+    """
+
+    def __init__(
+        self,
+        token: str = DEFAULT_TOKEN,
+        *,
+        tokens: Mapping[str, str] | None = None,
+        legacy_email: str = "seller@example.com",
+        admin: bool = True,
+    ) -> None:
+        self.token = token
+        self.tokens = dict(tokens or {})
+        self.legacy_email = legacy_email
+        self._objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._faults: list[_Fault] = []
+        self._requests: list[ApiRequest] = []
+        self._lock = threading.Lock()
+        self._open = threading.Event()
+        self._open.set()
+        self._held = 0
+        routes = [
+            Route("/v1/events/{object_id}", self._endpoint("stripe", "event")),
+            Route("/v1/payment_intents/{object_id}", self._endpoint("stripe", "payment_intent")),
+            Route("/v1/payments/{object_id}", self._endpoint("mercadopago", "payment")),
+            Route("/v3/payments/{object_id}", self._endpoint("asaas", "payment")),
+            Route("/orders/{object_id}", self._endpoint("pagbank", "order")),
+            Route("/charges/{object_id}", self._endpoint("pagbank", "charge")),
+            Route(
+                "/v3/transactions/notifications/{object_id}",
+                self._endpoint("pagbank", "notification"),
+            ),
+        ]
+        if admin:
+            routes += [
+                Route("/_fake/{provider}/{kind}/{object_id}", self._admin, methods=["GET", "PUT"]),
+                Route(
+                    "/_fake/{provider}/{kind}/{object_id}/status",
+                    self._admin_status,
+                    methods=["POST"],
+                ),
+            ]
+        self.app = Starlette(routes=routes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+    # Objects.
+
+    @staticmethod
+    def _key(provider: str, kind: str, object_id: str | int) -> tuple[str, str, str]:
+        if kind not in KINDS.get(provider, ()):
+            known = ", ".join(f"{p}/{k}" for p, ks in KINDS.items() for k in ks)
+            raise ValueError(f"the fake API serves no {provider}/{kind} (it serves {known})")
+        return provider, kind, str(object_id)
+
+    def put(self, provider: str, kind: str, object_id: str | int, obj: Mapping[str, Any]) -> None:
+        """Store (or replace) the object served at `provider`'s path for `kind`.
+
+        For ``pagbank``/``notification`` `object_id` is the notification code
+        and `obj` the transaction it resolves to (``{"code": ..., "status": "3"}``).
+        """
+        key = self._key(provider, kind, object_id)
+        with self._lock:
+            self._objects[key] = copy.deepcopy(dict(obj))
+
+    def get(self, provider: str, kind: str, object_id: str | int) -> dict[str, Any] | None:
+        """A copy of the stored object, or ``None``."""
+        key = self._key(provider, kind, object_id)
+        with self._lock:
+            found = self._objects.get(key)
+            return copy.deepcopy(found) if found is not None else None
+
+    def remove(self, provider: str, kind: str, object_id: str | int) -> None:
+        """Forget an object: its path answers 404 from now on."""
+        key = self._key(provider, kind, object_id)
+        with self._lock:
+            self._objects.pop(key, None)
+
+    def update(self, provider: str, kind: str, object_id: str | int, **fields: Any) -> None:
+        """Change top-level fields of a stored object (``KeyError`` if absent)."""
+        key = self._key(provider, kind, object_id)
+        with self._lock:
+            self._objects[key].update(copy.deepcopy(fields))
+
+    def set_status(self, provider: str, kind: str, object_id: str | int, status: Any) -> None:
+        """Change an object's status: its ``status`` field (for a Stripe event,
+        that of ``data.object``, the object the event carries)."""
+        key = self._key(provider, kind, object_id)
+        with self._lock:
+            obj = self._objects[key]
+            if kind == "event" and isinstance(obj.get("data"), dict):
+                nested = obj["data"].get("object")
+                if isinstance(nested, dict):
+                    nested["status"] = status
+                    return
+            obj["status"] = status
+
+    def clear(self) -> None:
+        """Forget every object, fault and recorded request."""
+        with self._lock:
+            self._objects.clear()
+            self._faults.clear()
+            self._requests.clear()
+
+    # Faults.
+
+    def fail(
+        self,
+        count: int,
+        status: int = 503,
+        *,
+        retry_after: int | str | None = None,
+        provider: str | None = None,
+    ) -> None:
+        """Answer the next `count` requests (to `provider`, or any) with `status`
+        (5xx or 429), with a ``Retry-After`` header when given."""
+        with self._lock:
+            self._faults.append(
+                _Fault(
+                    count,
+                    provider,
+                    status=status,
+                    retry_after=None if retry_after is None else str(retry_after),
+                )
+            )
+
+    def slow(
+        self, seconds: float, count: int | None = None, *, provider: str | None = None
+    ) -> None:
+        """Wait `seconds` before answering the next `count` requests (``None``:
+        every request until :meth:`reset_faults`)."""
+        with self._lock:
+            self._faults.append(_Fault(count, provider, delay=seconds))
+
+    def reset_faults(self) -> None:
+        """Answer normally again (held requests are released)."""
+        with self._lock:
+            self._faults.clear()
+        self.release()
+
+    def hold(self) -> None:
+        """Make every request wait, unanswered, until :meth:`release`: an API
+        that hangs, for as long as a test needs to look at what waits on it."""
+        self._open.clear()
+
+    def release(self) -> None:
+        """Answer the held requests, and the next ones at once."""
+        self._open.set()
+
+    @property
+    def held(self) -> int:
+        """How many requests are waiting on :meth:`hold` now."""
+        with self._lock:
+            return self._held
+
+    def _take_faults(self, provider: str) -> tuple[float, _Fault | None]:
+        delay, failure = 0.0, None
+        with self._lock:
+            for fault in list(self._faults):
+                if fault.provider not in (None, provider):
+                    continue
+                if fault.status and failure is not None:
+                    continue  # one failure per request; the next one waits its turn
+                if fault.status:
+                    failure = fault
+                delay = max(delay, fault.delay)
+                if fault.remaining is not None:
+                    fault.remaining -= 1
+                    if fault.remaining <= 0:
+                        self._faults.remove(fault)
+        return delay, failure
+
+    # What was asked.
+
+    @property
+    def requests(self) -> list[ApiRequest]:
+        """Every request answered so far, oldest first."""
+        with self._lock:
+            return list(self._requests)
+
+    def hits(
+        self,
+        provider: str | None = None,
+        kind: str | None = None,
+        object_id: str | int | None = None,
+    ) -> int:
+        """How many requests matched (``None`` matches anything)."""
+        return sum(
+            1
+            for r in self.requests
+            if provider in (None, r.provider)
+            and kind in (None, r.kind)
+            and (object_id is None or str(object_id) == r.object_id)
+        )
+
+    def token_for(self, provider: str) -> str:
+        """The credential `provider`'s paths accept."""
+        return self.tokens.get(provider, self.token)
+
+    # Serving.
+
+    def _authorized(self, request: Request, provider: str, kind: str) -> bool:
+        expected = self.token_for(provider)
+        if kind == "notification":
+            given = request.query_params.get("token", "")
+            email_ok = request.query_params.get("email", "") == self.legacy_email
+            return email_ok & hmac.compare_digest(given.encode(), expected.encode())
+        if provider == "asaas":
+            given = request.headers.get("access_token", "")
+        else:
+            scheme, _, given = request.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer":
+                return False
+        return hmac.compare_digest(given.strip().encode(), expected.encode())
+
+    def _endpoint(self, provider: str, kind: str) -> Any:
+        async def endpoint(request: Request) -> Response:
+            object_id = request.path_params["object_id"]
+            response = await self._answer(request, provider, kind, object_id)
+            with self._lock:
+                self._requests.append(ApiRequest(provider, kind, object_id, response.status_code))
+            return response
+
+        return endpoint
+
+    async def _answer(self, request: Request, provider: str, kind: str, object_id: str) -> Response:
+        if not self._open.is_set():
+            with self._lock:
+                self._held += 1
+            try:
+                # release() comes from another thread: poll the threading.Event.
+                while not self._open.is_set():  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+            finally:
+                with self._lock:
+                    self._held -= 1
+        delay, failure = self._take_faults(provider)
+        if delay:
+            await asyncio.sleep(delay)
+        if failure is not None:
+            headers = {"retry-after": failure.retry_after} if failure.retry_after else None
+            return JSONResponse(
+                {"error": "fault injected by the fake API", "status": failure.status},
+                failure.status,
+                headers=headers,
+            )
+        if not self._authorized(request, provider, kind):
+            return _unauthorized(provider, kind)
+        obj = self.get(provider, kind, object_id)
+        if obj is None:
+            return _not_found(provider, kind, object_id)
+        if kind == "notification":
+            xml = tostring(_xml("transaction", obj), encoding="utf-8", xml_declaration=True)
+            return Response(xml, 200, media_type="application/xml")
+        return JSONResponse(obj)
+
+    async def _admin(self, request: Request) -> Response:
+        provider, kind, object_id = (
+            request.path_params[k] for k in ("provider", "kind", "object_id")
+        )
+        try:
+            if request.method == "PUT":
+                try:
+                    obj = json.loads(await request.body())
+                except ValueError:
+                    return JSONResponse({"error": "body is not JSON"}, 400)
+                if not isinstance(obj, dict):
+                    return JSONResponse({"error": "body is not a JSON object"}, 400)
+                self.put(provider, kind, object_id, obj)
+                return JSONResponse(obj)
+            found = self.get(provider, kind, object_id)
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, 404)
+        return JSONResponse(found) if found is not None else JSONResponse({"error": "absent"}, 404)
+
+    async def _admin_status(self, request: Request) -> Response:
+        provider, kind, object_id = (
+            request.path_params[k] for k in ("provider", "kind", "object_id")
+        )
+        try:
+            data = json.loads(await request.body())
+            status = data["status"]
+        except (ValueError, KeyError, TypeError):
+            return JSONResponse({"error": 'send {"status": ...}'}, 400)
+        try:
+            self.set_status(provider, kind, object_id, status)
+        except (ValueError, KeyError):
+            return JSONResponse({"error": "no such object"}, 404)
+        return JSONResponse(self.get(provider, kind, object_id))
