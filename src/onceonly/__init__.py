@@ -7,11 +7,15 @@ private.
 from __future__ import annotations
 
 from ._exceptions import (
+    ApiError,
+    ApiUnavailable,
     BodyTooLarge,
     ConfigurationError,
     DeliveryRejected,
+    NotFetchable,
     OnceonlyError,
     PayloadError,
+    PayloadPurged,
     SignatureError,
     StoreError,
     StoreUnavailable,
@@ -29,6 +33,8 @@ from .worker import Worker
 __version__ = "0.1.0"
 
 __all__ = [
+    "ApiError",
+    "ApiUnavailable",
     "BodyTooLarge",
     "ConfigurationError",
     "Context",
@@ -43,9 +49,11 @@ __all__ = [
     "Inbox",
     "JobInProgress",
     "NewEvent",
+    "NotFetchable",
     "Onceonly",
     "OnceonlyError",
     "PayloadError",
+    "PayloadPurged",
     "Receipt",
     "Receiver",
     "SignatureError",

@@ -9,8 +9,12 @@ The hierarchy::
     │   ├── PayloadError         body not parseable, no event id
     │   ├── UnknownProvider      no provider configured under that name
     │   └── BodyTooLarge         body over the configured limit
-    └── StoreError               the database did something unexpected
-        └── StoreUnavailable     the database cannot be reached right now (retry later)
+    ├── StoreError               the database did something unexpected
+    │   └── StoreUnavailable     the database cannot be reached right now (retry later)
+    ├── PayloadPurged            replay of an event whose payload `purge` dropped
+    ├── ApiError                 a provider's API answered with an error (4xx, bad body)
+    │   └── ApiUnavailable       its API cannot be reached or kept failing (retry later)
+    └── NotFetchable             the event names no object of the kind asked for
 
 Driver exceptions (sqlite3, asyncpg) never cross the store adapters: each adapter
 translates them, so the receiver can answer 503 for "try again" without knowing
@@ -20,11 +24,15 @@ which engine is underneath.
 from __future__ import annotations
 
 __all__ = [
+    "ApiError",
+    "ApiUnavailable",
     "BodyTooLarge",
     "ConfigurationError",
     "DeliveryRejected",
+    "NotFetchable",
     "OnceonlyError",
     "PayloadError",
+    "PayloadPurged",
     "SignatureError",
     "StoreError",
     "StoreUnavailable",
@@ -91,3 +99,36 @@ class StoreError(OnceonlyError):
 
 class StoreUnavailable(StoreError):
     """The database cannot be reached now; the caller should retry later."""
+
+
+class PayloadPurged(OnceonlyError):
+    """The event cannot be replayed: ``onceonly purge`` dropped its body and
+    headers, and running its handler on an empty body would be wrong."""
+
+
+class ApiError(OnceonlyError):
+    """A provider's API refused a request or answered something unusable.
+
+    `status` is the HTTP status (``None`` when no answer came), `body` a short
+    excerpt of the answer, `provider` the client's provider name. No credential
+    ever appears in the message. A handler that raises it fails its attempt, and
+    the worker retries the event later.
+    """
+
+    def __init__(
+        self, message: str, *, provider: str, status: int | None = None, body: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.provider = provider
+        self.status = status
+        self.body = body
+
+
+class ApiUnavailable(ApiError):
+    """The API could not be reached, timed out, or kept answering 5xx/429 after
+    every retry: the object's real state is unknown now; try again later."""
+
+
+class NotFetchable(OnceonlyError):
+    """``ctx.fetch(kind)`` on an event that names no object of that kind, or
+    whose id cannot be a real one (it is never sent to the API)."""

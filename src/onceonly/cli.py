@@ -7,6 +7,7 @@ import functools
 import json
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
+from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
 
 import click
@@ -132,6 +133,26 @@ def main() -> None:
     type=click.IntRange(1, 256),
     help="Handler threads of the in-process worker.",
 )
+@click.option(
+    "--metrics/--no-metrics",
+    "with_metrics",
+    default=None,
+    help="Serve Prometheus metrics at GET /metrics (with --worker, the worker's too). "
+    "[env: ONCEONLY_METRICS; default: on]",
+)
+@click.option(
+    "--dashboard/--no-dashboard",
+    "with_dashboard",
+    default=True,
+    show_default=True,
+    help="Serve the operator dashboard. Without ONCEONLY_DASHBOARD_TOKEN it answers "
+    "this machine only, and stays off when --host is not a loopback address.",
+)
+@click.option(
+    "--dashboard-path",
+    metavar="PATH",
+    help="Where the dashboard lives. [env: ONCEONLY_DASHBOARD_PATH; default: /dashboard]",
+)
 @_fail_cleanly
 def serve(
     app_spec: str | None,
@@ -142,15 +163,28 @@ def serve(
     access_log: bool,
     with_worker: bool,
     concurrency: int,
+    with_metrics: bool | None,
+    with_dashboard: bool,
+    dashboard_path: str | None,
 ) -> None:
     """Run the webhook receiver: POST /webhooks/{provider}, GET /healthz.
 
     Creates or upgrades the tables on start. If the database is down, it starts
-    anyway and answers 503 with Retry-After until the database is back.
+    anyway and answers 503 with Retry-After until the database is back. Also
+    serves the dashboard at /dashboard (see docs/dashboard.md).
     """
     import uvicorn
 
+    from .config import _dashboard_path
+    from .dashboard import for_serve
+
     app = _load(app_spec, database_url)
+    if with_metrics is not None:
+        app.metrics_enabled = with_metrics
+    if dashboard_path is not None:
+        app.dashboard_path = _dashboard_path(dashboard_path)
+    if not with_dashboard:
+        app.dashboard_path = None
     if not app.providers:
         errors.print(
             "[yellow]warning:[/yellow] no provider configured: every delivery will get 404. "
@@ -161,10 +195,11 @@ def serve(
         f"providers: {', '.join(sorted(app.providers)) or 'none'}"
     )
     _configure_logging(log_level)
+    server = for_serve(app, app.asgi(), host=host, port=port)
 
     def run_server() -> None:
         uvicorn.run(
-            app.asgi(),
+            server,
             host=host,
             port=port,
             log_level=log_level,
@@ -192,9 +227,25 @@ def serve(
     help="Events handled at once (threads).",
 )
 @_LOG_LEVEL
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    help="Serve Prometheus metrics (GET /metrics) on this port. [default: not served]",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Interface for --metrics-port.",
+)
 @_fail_cleanly
 def worker(
-    app_spec: str | None, database_url: str | None, concurrency: int, log_level: str
+    app_spec: str | None,
+    database_url: str | None,
+    concurrency: int,
+    log_level: str,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
 ) -> None:
     """Process events: run each one's handler once, retry failures, then dead.
 
@@ -205,6 +256,10 @@ def worker(
     """
     app = _load(app_spec, database_url)
     _configure_logging(log_level)
+    runner = app.worker(concurrency=concurrency)
+    # From here on SIGTERM means "stop cleanly", even while still starting up
+    # (a deploy may stop a worker that has not claimed anything yet).
+    runner.install_signals()
     if not len(app.handlers):
         errors.print(
             "[yellow]warning:[/yellow] no handler registered: events will be marked processed "
@@ -212,7 +267,10 @@ def worker(
         )
     asyncio.run(app.store.open())  # create or upgrade the tables first
     errors.print(f"onceonly worker: database {app.store.url}, concurrency {concurrency}")
-    app.worker(concurrency=concurrency).run()
+    if metrics_port is not None:
+        app.metrics.serve(metrics_port, metrics_host)
+        errors.print(f"metrics at http://{metrics_host}:{metrics_port}/metrics")
+    runner.run(install_signals=False)
 
 
 def _configure_logging(level: str) -> None:
@@ -436,6 +494,84 @@ def purge_keys(app_spec: str | None, database_url: str | None, fmt: str) -> None
         console.print(f"deleted {deleted} expired Idempotency-Key record(s)")
 
 
+def _duration_option(value: str | None, option: str) -> timedelta | None:
+    from .retention import duration
+
+    if value is None:
+        return None
+    try:
+        return duration(value, option)
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc), param_hint=option) from None
+
+
+@main.command("purge")
+@_app_options
+@click.option(
+    "--older-than",
+    metavar="DURATION",
+    help="Drop body and headers of processed events received longer ago than this "
+    "(30d, 12h, 90m). [env: ONCEONLY_RETENTION_PAYLOADS; default: 30d]",
+)
+@click.option(
+    "--keep-ids",
+    metavar="DURATION",
+    help="Delete processed events (their dedup memory) only past this age; at least "
+    "--older-than. [env: ONCEONLY_RETENTION_IDS; default: 400d]",
+)
+@click.option("--dry-run", is_flag=True, help="Count what would go; change nothing.")
+@click.option(
+    "--batch-size",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(1, 100_000),
+    help="Rows per transaction.",
+)
+@_FORMAT
+@_fail_cleanly
+def purge_command(
+    app_spec: str | None,
+    database_url: str | None,
+    older_than: str | None,
+    keep_ids: str | None,
+    dry_run: bool,
+    batch_size: int,
+    fmt: str,
+) -> None:
+    """Apply retention: drop old payloads, forget very old event ids, and delete
+    expired Idempotency-Key records. Run it from cron (daily is plenty).
+
+    Only processed events are touched: pending, failed and dead ones keep their
+    payload (dead ones for replay). A resend of a purged event is still answered
+    as a duplicate until --keep-ids has passed. See docs/operations.md.
+    """
+    from .retention import purge
+
+    payloads = _duration_option(older_than, "--older-than")
+    ids = _duration_option(keep_ids, "--keep-ids")
+    app = _load(app_spec, database_url)
+    report = purge(app, older_than=payloads, keep_ids=ids, dry_run=dry_run, batch_size=batch_size)
+    if fmt == "json":
+        click.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    table = Table("", "would go" if dry_run else "purged")
+    table.add_row(
+        f"payloads of processed events received before {report.payload_cutoff:%Y-%m-%d %H:%M}",
+        str(report.payloads_dropped),
+    )
+    table.add_row(
+        f"processed events received before {report.ids_cutoff:%Y-%m-%d %H:%M}",
+        str(report.events_deleted),
+    )
+    table.add_row("attempt records", str(report.attempts_deleted))
+    table.add_row("effect records", str(report.effects_deleted))
+    table.add_row("outbox rows (sent or dead)", str(report.outbox_deleted))
+    table.add_row("expired Idempotency-Key records", str(report.idempotency_keys_deleted))
+    console.print(table)
+    if dry_run:
+        console.print("dry run: nothing was changed")
+
+
 def _print_event(e: Event) -> None:
     table = Table.grid(padding=(0, 2))
     for label, value in [
@@ -446,9 +582,13 @@ def _print_event(e: Event) -> None:
         ("status", e.status.value),
         ("attempts", str(e.attempts)),
         ("received at", e.received_at.isoformat()),
+        ("duplicates", str(e.duplicates)),
     ]:
         table.add_row(f"[bold]{label}[/bold]", value)
     console.print(table)
+    if e.payload_purged_at is not None:
+        console.print(f"payload purged at {e.payload_purged_at.isoformat()} (onceonly purge)")
+        return
     console.print("[bold]headers[/bold]")
     for name, value in e.headers.items():
         console.print(f"  {name}: {value}", markup=False, highlight=False)
@@ -466,6 +606,12 @@ def _print_event(e: Event) -> None:
 from .importer.command import import_command  # noqa: E402
 
 main.add_command(import_command, name="import")
+
+from .demo.command import demo_command  # noqa: E402
+from .dev.cli import dev  # noqa: E402
+
+main.add_command(demo_command, name="demo")
+main.add_command(dev, name="dev")
 
 
 if __name__ == "__main__":

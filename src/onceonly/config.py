@@ -5,9 +5,11 @@ Environment variables:
 - ``ONCEONLY_DATABASE_URL``: default ``sqlite:///onceonly.db`` in the working directory.
 - ``ONCEONLY_<PROVIDER>_SECRET``: enables a provider; several secrets
   comma-separated (rotation). ``<PROVIDER>`` is the route name upper-cased:
-  ``STRIPE``, ``STANDARDWEBHOOKS``, ``GITHUB``, ``HMAC``.
+  ``STRIPE``, ``STANDARDWEBHOOKS``, ``GITHUB``, ``HMAC``, ``MERCADOPAGO``,
+  ``ASAAS``, ``PAGBANK``, ``SHOPIFY``.
 - ``ONCEONLY_<PROVIDER>_TOLERANCE`` (seconds, timestamped providers) and
-  ``ONCEONLY_<PROVIDER>_REJECTION_STATUS`` (default 401).
+  ``ONCEONLY_<PROVIDER>_REJECTION_STATUS`` (default 401); provider-specific
+  ones (``ONCEONLY_MERCADOPAGO_UNSIGNED``, ...) in ``docs/providers/``.
 - ``ONCEONLY_MAX_BODY_BYTES``: default 1 MiB.
 - ``ONCEONLY_RETRY_AFTER``: seconds announced with a 503, default 5.
 - ``ONCEONLY_MAX_ATTEMPTS``: attempts before an event is ``dead``, default 10.
@@ -16,6 +18,18 @@ Environment variables:
 - ``ONCEONLY_RETRY_BASE_SECONDS`` / ``ONCEONLY_RETRY_CAP_SECONDS``: backoff
   after failure n is ``min(cap, base * 2**(n-1))`` times a jitter in [0.5, 1];
   defaults 2 and 3600.
+- ``ONCEONLY_METRICS``: ``0`` turns ``GET /metrics`` off (default on).
+- ``ONCEONLY_RETENTION_PAYLOADS`` / ``ONCEONLY_RETENTION_IDS``: what ``onceonly
+  purge`` keeps by default: payloads of processed events for ``30d``, their
+  dedup memory (provider, event id) for ``400d`` (see docs/operations.md).
+- ``ONCEONLY_<PROVIDER>_API_TOKEN`` / ``ONCEONLY_<PROVIDER>_API_BASE``: the
+  provider's API client for ``ctx.fetch()`` (``STRIPE``, ``MERCADOPAGO``,
+  ``ASAAS``, ``PAGBANK``); ``ONCEONLY_API_TIMEOUT`` / ``ONCEONLY_API_RETRIES``
+  (see :mod:`onceonly.clients` and docs/fetching.md).
+- ``ONCEONLY_DASHBOARD_PATH`` (default ``/dashboard``; ``off`` turns it off),
+  ``ONCEONLY_DASHBOARD_TOKEN`` (required to reach the dashboard from anywhere
+  but this machine, at least 16 characters) and ``ONCEONLY_DASHBOARD_REDACT``
+  (payload fields hidden, e.g. ``card.number,payer.email``); see docs/dashboard.md.
 
 In code, build an :class:`Onceonly` and point the CLI at it with
 ``--app module:attribute``; what the object sets wins over the environment.
@@ -26,21 +40,26 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, TypeVar
 
 import sqlalchemy as sa
 
 from ._exceptions import ConfigurationError
+from .clients import ApiClient, clients_from_environ
 from .db import create_engine, engine_kind
 from .handlers import Action, Handler, HandlerRegistry
 from .inbox import Inbox
 from .providers import PROVIDER_CLASSES, Provider
 from .providers.base import env_name, parse_int
+from .retention import DEFAULT_RETENTION_IDS, DEFAULT_RETENTION_PAYLOADS, duration
 from .store import DEFAULT_DATABASE_URL, Store, create_store
 
 if TYPE_CHECKING:
+    from .dashboard import Dashboard
     from .guard import Guard
+    from .metrics import Metrics
     from .receiver import Receiver
     from .worker import Worker
 
@@ -79,7 +98,9 @@ class Onceonly:
     Providers are keyed by route name: ``/webhooks/stripe``. Two Stripe
     accounts can live side by side as ``{"stripe": ..., "stripe-connect": Stripe(...)}``.
     Providers configured in the environment are added unless `providers` names
-    the same route.
+    the same route. `api_clients` (also keyed by route, e.g.
+    ``{"stripe": StripeClient("sk_test_...")}``) serve ``ctx.fetch()``; those
+    from ``ONCEONLY_<ROUTE>_API_TOKEN`` are added the same way.
     """
 
     def __init__(
@@ -93,12 +114,21 @@ class Onceonly:
         lease_seconds: float | None = None,
         retry_base: float | None = None,
         retry_cap: float | None = None,
+        metrics: bool | None = None,
+        retention_payloads: str | timedelta | None = None,
+        retention_ids: str | timedelta | None = None,
+        api_clients: Mapping[str, ApiClient] | None = None,
+        dashboard_path: str | None = None,
+        dashboard_token: str | None = None,
+        dashboard_redact: str | Sequence[str] | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> None:
         env = os.environ if environ is None else environ
         self.database_url = database_url or env.get("ONCEONLY_DATABASE_URL") or DEFAULT_DATABASE_URL
         self.providers: dict[str, Provider] = providers_from_environ(env)
         self.providers.update(providers or {})
+        self.api_clients: dict[str, ApiClient] = clients_from_environ(env, self.providers)
+        self.api_clients.update(api_clients or {})
         for name in self.providers:
             if not name or "/" in name:
                 raise ConfigurationError(f"provider route name {name!r} is not a path segment")
@@ -141,6 +171,36 @@ class Onceonly:
             raise ConfigurationError("retry_after must be >= 0")
         self._store: Store | None = None
         self._inbox: Inbox | None = None
+        self.metrics_enabled = (
+            metrics
+            if metrics is not None
+            else env.get("ONCEONLY_METRICS", "1").strip().lower() not in ("0", "false", "no", "off")
+        )
+        self._metrics: Metrics | None = None
+        self.retention_payloads = duration(
+            retention_payloads
+            or env.get("ONCEONLY_RETENTION_PAYLOADS", DEFAULT_RETENTION_PAYLOADS),
+            "ONCEONLY_RETENTION_PAYLOADS",
+        )
+        self.retention_ids = duration(
+            retention_ids or env.get("ONCEONLY_RETENTION_IDS", DEFAULT_RETENTION_IDS),
+            "ONCEONLY_RETENTION_IDS",
+        )
+        self.dashboard_path = _dashboard_path(
+            dashboard_path or env.get("ONCEONLY_DASHBOARD_PATH") or "/dashboard"
+        )
+        self.dashboard_token = dashboard_token or env.get("ONCEONLY_DASHBOARD_TOKEN") or None
+        if self.dashboard_token is not None and len(self.dashboard_token) < 16:
+            raise ConfigurationError(
+                "the dashboard token must be at least 16 characters (try `openssl rand -hex 24`)"
+            )
+        raw_redact = (
+            dashboard_redact
+            if dashboard_redact is not None
+            else env.get("ONCEONLY_DASHBOARD_REDACT", "")
+        )
+        parts = raw_redact.split(",") if isinstance(raw_redact, str) else raw_redact
+        self.dashboard_redact = tuple(p.strip() for p in parts if p.strip())
 
     @property
     def store(self) -> Store:
@@ -156,6 +216,15 @@ class Onceonly:
         return self._inbox
 
     @property
+    def metrics(self) -> Metrics:
+        """This deployment's Prometheus metrics, in a registry of their own."""
+        if self._metrics is None:
+            from .metrics import Metrics
+
+            self._metrics = Metrics(self)
+        return self._metrics
+
+    @property
     def engine_kind(self) -> str:
         """``"sqlite"`` or ``"postgresql"``."""
         return engine_kind(self.database_url)
@@ -169,7 +238,11 @@ class Onceonly:
         return self._engine
 
     def handler(
-        self, provider: str | None = None, event_type: str | None = None
+        self,
+        provider: str | None = None,
+        event_type: str | None = None,
+        *,
+        prefetch: bool | str | Sequence[str] = False,
     ) -> Callable[[H], H]:
         """Register a handler for `provider` and `event_type` (``None``: any).
 
@@ -177,10 +250,22 @@ class Onceonly:
 
             @app.handler("stripe", "payment_intent.succeeded")
             def on_payment(event, ctx): ...
+
+        `prefetch` reads what ``ctx.fetch()`` will return (``True``: the object
+        the event points to; a kind or kinds: those) from the provider's API
+        before the handler's transaction opens, so no database lock waits on
+        the network (see docs/fetching.md).
         """
+        kinds: tuple[str | None, ...] = (
+            ((None,) if prefetch else ())
+            if isinstance(prefetch, bool)
+            else (prefetch,)
+            if isinstance(prefetch, str)
+            else tuple(prefetch)
+        )
 
         def register(fn: H) -> H:
-            self.handlers.add(fn, provider, event_type)
+            self.handlers.add(fn, provider, event_type, kinds)
             return fn
 
         return register
@@ -230,6 +315,27 @@ class Onceonly:
         from .receiver import Receiver
 
         return Receiver(self, prefix="/webhooks")
+
+    def dashboard(self) -> Dashboard:
+        """The operator dashboard as an ASGI app (see docs/dashboard.md)::
+
+        app = Starlette(routes=[Mount("/dashboard", app=onceonly_app.dashboard())])
+        """
+        from .dashboard import Dashboard
+
+        return Dashboard(self)
+
+
+def _dashboard_path(raw: str) -> str | None:
+    """``/dashboard`` style, or ``None`` for ``off``; never a path the receiver owns."""
+    if raw.strip().lower() in ("off", "0", "false", "no", "none"):
+        return None
+    path = "/" + raw.strip().strip("/")
+    if path == "/" or path.split("/")[1] in ("webhooks", "healthz", "metrics"):
+        raise ConfigurationError(
+            f"dashboard path {raw!r} must be a path of its own, such as /dashboard"
+        )
+    return path
 
 
 def _float(env: Mapping[str, str], name: str, default: float) -> float:

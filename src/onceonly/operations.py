@@ -7,6 +7,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from ._exceptions import PayloadPurged
 from .events import EventStatus
 from .queries import QUERIES
 
@@ -44,7 +45,9 @@ def replay(
 
     Only finished events are replayed (failed, dead or processed): a pending or
     processing event is already in line. Replaying a processed event runs its
-    handler again; effects already recorded are not called again.
+    handler again; effects already recorded are not called again. An event whose
+    payload ``onceonly purge`` dropped is never replayed: asked for by `id`, it
+    raises :class:`~onceonly.PayloadPurged`.
     """
     with engine.begin() as conn:
         ids = [
@@ -54,6 +57,15 @@ def replay(
                 {"id": id, "status": status.value if status else None},
             )
         ]
+        if not ids and id is not None:
+            purged = conn.execute(
+                sa.text("SELECT payload_purged_at FROM onceonly_events WHERE id = :id"),
+                {"id": id},
+            ).scalar()
+            if purged is not None:
+                raise PayloadPurged(
+                    f"event {id} cannot be replayed: its payload was purged at {purged}"
+                )
         if ids and kind == "postgresql":
             conn.execute(sa.text("SELECT pg_notify('onceonly_events', '')"))
     return ids

@@ -108,7 +108,7 @@ _POSTGRES = Queries(
     replay="""
         UPDATE onceonly_events SET status = 'pending', run_after = now(), attempts = 0,
             lease_owner = NULL, lease_expires_at = NULL
-        WHERE status IN ('failed', 'dead', 'processed')
+        WHERE status IN ('failed', 'dead', 'processed') AND payload_purged_at IS NULL
             AND (CAST(:id AS BIGINT) IS NULL OR id = :id)
             AND (CAST(:status AS TEXT) IS NULL OR status = :status)
         RETURNING id
@@ -217,7 +217,7 @@ _SQLITE = Queries(
     replay="""
         UPDATE onceonly_events SET status = 'pending', run_after = 0, attempts = 0,
             lease_owner = NULL, lease_expires_at = NULL
-        WHERE status IN ('failed', 'dead', 'processed')
+        WHERE status IN ('failed', 'dead', 'processed') AND payload_purged_at IS NULL
             AND (CAST(:id AS BIGINT) IS NULL OR id = :id)
             AND (CAST(:status AS TEXT) IS NULL OR status = :status)
         RETURNING id

@@ -36,6 +36,7 @@ from urllib.parse import parse_qsl
 from ._exceptions import DeliveryRejected, StoreError
 from .asgi import Receive, Scope, Send, lower_headers, read_body, send_problem, send_response
 from .events import Delivery
+from .metrics import MetricsEndpoint
 
 if TYPE_CHECKING:
     from .config import Onceonly
@@ -46,6 +47,8 @@ __all__ = ["Receiver"]
 log = logging.getLogger("onceonly.receiver")
 
 _JSON = (b"content-type", b"application/json")
+# Not a provider name: those never contain "/".
+_METRICS = "/metrics"
 
 
 class Receiver:
@@ -53,12 +56,15 @@ class Receiver:
 
     `prefix` is the path the provider name follows (``/webhooks`` when serving
     stand-alone; empty when mounted, since the mount point is the prefix).
-    With a prefix it also answers ``GET /healthz``.
+    With a prefix it also answers ``GET /healthz`` and, unless metrics are
+    turned off, ``GET /metrics`` (Prometheus; see :mod:`onceonly.metrics`).
+    Every answer to a delivery is counted in ``onceonly.metrics`` either way.
     """
 
     def __init__(self, onceonly: Onceonly, *, prefix: str = "") -> None:
         self.onceonly = onceonly
         self.inbox = onceonly.inbox
+        self.metrics = onceonly.metrics
         self.prefix = prefix.rstrip("/")
         self.max_body_bytes = onceonly.max_body_bytes
         self._retry_after = str(onceonly.retry_after).encode()
@@ -95,6 +101,8 @@ class Receiver:
         if self.prefix:
             if path == "/healthz":
                 return ""
+            if path == _METRICS and self.onceonly.metrics_enabled:
+                return _METRICS
             if not path.startswith(self.prefix + "/"):
                 return None
             path = path[len(self.prefix) :]
@@ -110,6 +118,9 @@ class Receiver:
             return
         if provider == "":
             await self._health(send)
+            return
+        if provider == _METRICS:
+            await MetricsEndpoint(self.metrics)(scope, receive, send)
             return
         if scope["method"] != "POST":
             await send_problem(
@@ -131,12 +142,14 @@ class Receiver:
             )
             receipt = await self.inbox.receive(delivery)
         except DeliveryRejected as exc:
+            self.metrics.rejected(provider, exc.reason)
             log.debug("rejected delivery to %s: %s", provider, exc.detail)
             await send_problem(
                 send, exc.status, exc.reason, _TITLES.get(exc.reason, "Rejected"), exc.detail
             )
             return
         except StoreError as exc:
+            self.metrics.rejected(provider, "unavailable")
             log.warning("database unavailable, answering 503: %s", exc)
             await send_problem(
                 send,
@@ -147,6 +160,7 @@ class Receiver:
                 [(b"retry-after", self._retry_after)],
             )
             return
+        self.metrics.accepted(provider, duplicate=receipt.duplicate)
         duplicate = b"true" if receipt.duplicate else b"false"
         await send_response(
             send,

@@ -45,11 +45,13 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from ._exceptions import OnceonlyError
+from ._exceptions import OnceonlyError, StoreUnavailable
+from .clients import ApiClient, Target
 from .context import Context, HandlerSavepoints
 from .events import Event, EventStatus
 from .outbox import OutboxRunner
 from .queries import QUERIES
+from .store import migrate_blocking
 
 if TYPE_CHECKING:
     from .config import Onceonly
@@ -133,6 +135,7 @@ class Worker:
         self._loops = threading.local()
         self.processed = 0
         self.failed = 0
+        self.metrics = app.metrics
         self.outbox = OutboxRunner(
             self.engine,
             self.q,
@@ -153,8 +156,10 @@ class Worker:
     def run(self, *, install_signals: bool = True) -> None:
         """Run until :meth:`stop` (or SIGTERM/SIGINT when `install_signals`)."""
         if install_signals:
-            self._install_signals()
+            self.install_signals()
         log.info("worker %s: concurrency %d, lease %.0f s", self.name, self.concurrency, self.lease)
+        if not self._ensure_schema():
+            return
         threading.Thread(target=self._keep_leases, name="onceonly-leases", daemon=True).start()
         if self.kind == "postgresql":
             threading.Thread(target=self._listen, name="onceonly-listen", daemon=True).start()
@@ -208,6 +213,22 @@ class Worker:
         finally:
             self.stop()
             thread.join()
+
+    def _ensure_schema(self) -> bool:
+        """Create or upgrade the tables; False if stopped while the database was down.
+
+        A worker may be the first thing to touch a fresh database (a new deploy,
+        or a worker thread inside a web application), so it cannot assume the
+        receiver created the tables.
+        """
+        while not self._stop.is_set():
+            try:
+                migrate_blocking(self.app.database_url)
+                return True
+            except StoreUnavailable as exc:
+                log.warning("database not reachable, retrying in 1 s: %s", exc)
+                self._stop.wait(1.0)
+        return False
 
     # Claiming.
 
@@ -276,6 +297,7 @@ class Worker:
         contexts: list[Context] = []
         processed: list[tuple[Claimed, str]] = []
         failures: list[tuple[Claimed, Exception, str | None]] = []
+        prefetched = self._prefetch(batch)
         try:
             with self.engine.begin() as conn:
                 current = {
@@ -297,7 +319,9 @@ class Worker:
                             item.event.id,
                         )
                         continue
-                    outcome = self._handle(conn, savepoints, item, contexts)
+                    outcome = self._handle(
+                        conn, savepoints, item, contexts, prefetched.get(item.event.id, {})
+                    )
                     if isinstance(outcome, tuple):
                         failures.append((item, *outcome))
                     else:
@@ -318,9 +342,59 @@ class Worker:
                 ctx._write_deferred_effects()
         self.processed += len(processed)
         self.failed += len(failures)
+        # Counted once the transaction committed, so they match the table.
+        dead = [i.event.provider for i, _, _ in failures if self._is_last(i)]
+        self.metrics.batch_committed(
+            processed=[i.event.provider for i, _ in processed],
+            failed=[i.event.provider for i, _, _ in failures if not self._is_last(i)],
+            dead=dead,
+        )
         staged = [c.event.id for c in contexts if c._staged]
         if staged:
             self.outbox.run_for(staged)
+
+    def _prefetch(self, batch: list[Claimed]) -> dict[int, dict[Target, Any]]:
+        """Read what handlers registered with ``prefetch`` will ``ctx.fetch()``,
+        before their transaction opens and concurrently across the batch.
+
+        Inside the transaction a network wait would hold the row locks (on
+        SQLite, the database's only write lock, which the receiver needs). A
+        failed read is kept and raised by ``ctx.fetch()`` in the handler.
+        """
+        wanted: dict[tuple[int, Target], tuple[ApiClient, list[int]]] = {}
+        for item in batch:
+            event = item.event
+            registration = self.app.handlers.resolve(event.provider, event.event_type)
+            client = self.app.api_clients.get(event.provider)
+            if registration is None or client is None:
+                continue
+            for kind in registration.prefetch:
+                try:
+                    target = client.target(event, kind)
+                except Exception:  # deterministic: ctx.fetch() raises it in the handler
+                    continue
+                # Two events about one object in a batch share one read.
+                wanted.setdefault((id(client), target), (client, []))[1].append(event.id)
+        if not wanted:
+            return {}
+        limit = asyncio.Semaphore(8)
+
+        async def read(client: ApiClient, target: Target) -> dict[str, Any] | Exception:
+            async with limit:
+                try:
+                    return await client.get(target)
+                except Exception as exc:  # kept for the handler, whatever it is
+                    return exc
+
+        async def read_all() -> list[dict[str, Any] | Exception]:
+            return await asyncio.gather(*(read(c, t) for (_, t), (c, _) in wanted.items()))
+
+        results = self._loop().run_until_complete(read_all())
+        found: dict[int, dict[Target, Any]] = {}
+        for ((_, target), (_, event_ids)), result in zip(wanted.items(), results, strict=True):
+            for event_id in event_ids:
+                found.setdefault(event_id, {})[target] = result
+        return found
 
     def _handle(
         self,
@@ -328,6 +402,7 @@ class Worker:
         savepoints: HandlerSavepoints,
         item: Claimed,
         contexts: list[Context],
+        prefetched: dict[Target, dict[str, Any] | Exception],
     ) -> str | tuple[Exception, str | None]:
         """Run one event's handler in a savepoint: the handler's name on
         success, (error, handler name) on failure."""
@@ -354,9 +429,13 @@ class Worker:
             _kind=self.kind,
             _actions=frozenset(self.app.handlers.actions),
             _lease=self.lease,
+            _api_clients=self.app.api_clients,
+            _event_loop=self._loop,
+            _fetched=prefetched,
         )
         contexts.append(ctx)
         savepoints.arm()
+        started = time.perf_counter()
         try:
             if registration.is_async:
                 self._loop().run_until_complete(registration.handler(event, ctx))
@@ -368,6 +447,8 @@ class Worker:
             savepoints.finish(success=False)
             ctx._staged = False  # its outbox rows went with the savepoint
             return exc, name
+        finally:
+            self.metrics.handler_ran(event.provider, time.perf_counter() - started)
         if not savepoints.finish(success=True):
             ctx._staged = False
             return RuntimeError(
@@ -393,7 +474,7 @@ class Worker:
         self, conn: sa.Connection, item: Claimed, exc: Exception, handler: str | None
     ) -> None:
         attempt = item.event.attempts
-        dead = attempt >= self.app.max_attempts
+        dead = self._is_last(item)
         delay = 0.0 if dead else self._delay(attempt)
         log.warning(
             "event %s (%s) attempt %d/%d failed%s: %s: %s",
@@ -419,6 +500,10 @@ class Worker:
             sa.text(self.q.insert_attempt),
             self._attempt_row(item, "dead" if dead else "failed", exc),
         )
+
+    def _is_last(self, item: Claimed) -> bool:
+        """Whether a failure of this attempt makes the event dead."""
+        return item.event.attempts >= self.app.max_attempts
 
     def _delay(self, attempt: int) -> float:
         return backoff(attempt, base=self.app.retry_base, cap=self.app.retry_cap)
@@ -473,7 +558,9 @@ class Worker:
                 log.warning("LISTEN connection lost (polling meanwhile): %s", exc)
                 self._stop.wait(1.0)
 
-    def _install_signals(self) -> None:
+    def install_signals(self) -> None:
+        """Make SIGTERM and SIGINT stop this worker cleanly (main thread only)."""
+
         def handle(signum: int, frame: FrameType | None) -> None:
             log.info("received %s: finishing events in hand", signal.Signals(signum).name)
             self.stop()

@@ -93,6 +93,17 @@ class Proc:
 
     def stop(self, timeout: float = 30) -> int:
         """SIGTERM and wait: a worker finishes what it holds and exits 0."""
+        # A process still importing Python has no handler yet and would die of
+        # the signal; that is not what this test is about, so wait for the
+        # worker's start-up line first.
+        deadline = time.monotonic() + timeout
+        while (
+            self.name.startswith("worker")
+            and self.alive()
+            and "onceonly worker:" not in self.output()
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
         if self.alive():
             self.process.send_signal(signal.SIGTERM)
         try:

@@ -17,12 +17,12 @@ from onceonly.providers import GitHub, Stripe
 from support import STRIPE_SECRET, live_server, stripe_delivery
 
 
-def make_app(database_url: str, **options: int) -> Onceonly:
+def make_app(database_url: str, *, max_body_bytes: int | None = None) -> Onceonly:
     return Onceonly(
         database_url=database_url,
         providers={"stripe": Stripe(STRIPE_SECRET), "github": GitHub("gh-secret")},
         environ={},
-        **options,
+        max_body_bytes=max_body_bytes,
     )
 
 

@@ -8,10 +8,11 @@ from types import ModuleType
 import pytest
 
 import onceonly
+import onceonly.dashboard
 import onceonly.idempotency
 import onceonly.providers
 
-MODULES = [onceonly, onceonly.providers, onceonly.idempotency]
+MODULES = [onceonly, onceonly.providers, onceonly.idempotency, onceonly.dashboard]
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)

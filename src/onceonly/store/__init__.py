@@ -53,28 +53,13 @@ def migrate_blocking(url: str) -> list[int]:
     Runs on a short-lived thread with its own event loop, so it works whether
     or not the caller is inside a running loop.
     """
-    import asyncio
-    import threading
+    from .._threads import run_on_own_loop
 
-    outcome: list[int] = []
-    failure: list[BaseException] = []
-
-    async def work() -> None:
+    async def work() -> list[int]:
         store = create_store(url, auto_migrate=False)
         try:
-            outcome.extend(await store.migrate())
+            return await store.migrate()
         finally:
             await store.close()
 
-    def run() -> None:
-        try:
-            asyncio.run(work())
-        except BaseException as exc:
-            failure.append(exc)
-
-    thread = threading.Thread(target=run, name="onceonly-migrate")
-    thread.start()
-    thread.join()
-    if failure:
-        raise failure[0]
-    return outcome
+    return run_on_own_loop(work, name="onceonly-migrate")

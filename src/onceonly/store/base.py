@@ -7,18 +7,66 @@ above this layer imports a driver. :mod:`.memory` is an in-process double for
 unit tests of code that sits on top of a store.
 
 Every dedup decision is the database's: ``insert_events`` is one
-``INSERT ... ON CONFLICT (provider, event_id) DO NOTHING`` per batch, and a row
-the database did not insert is a duplicate. Nothing reads before it writes.
+``INSERT ... ON CONFLICT (provider, event_id) DO UPDATE SET duplicates =
+duplicates + 1 ... RETURNING`` per batch. The returned counter tells a new row
+from an old one, and the same statement remembers the duplicate (how many, and
+when the last one came) for the dashboard and for whoever asks "did the gateway
+really resend this?". Nothing reads before it writes.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ..events import Event, EventStatus, NewEvent, Receipt
 
 __all__ = ["Store"]
+
+Key = tuple[str, str]
+
+
+def collapse(events: Sequence[NewEvent]) -> tuple[list[NewEvent], dict[Key, int]]:
+    """The batch with each (provider, event_id) once, and for each key how many
+    further copies the batch held.
+
+    PostgreSQL refuses to update one row twice in one statement ("ON CONFLICT
+    DO UPDATE command cannot affect row a second time"), so copies are counted
+    here and the statement adds them: a new row starts at ``duplicates = extra``
+    and an existing one gains ``1 + extra``.
+    """
+    unique: dict[Key, NewEvent] = {}
+    extra: dict[Key, int] = {}
+    for e in events:
+        key = (e.provider, e.event_id)
+        if key in unique:
+            extra[key] = extra.get(key, 0) + 1
+        else:
+            unique[key] = e
+    return list(unique.values()), extra
+
+
+def receipts(
+    events: Sequence[NewEvent], returned: Mapping[Key, tuple[int, int]], extra: Mapping[Key, int]
+) -> list[Receipt]:
+    """One receipt per event of the original batch, in order.
+
+    `returned` maps each key to the (row id, duplicates) the statement returned.
+    A row the statement inserted comes back with exactly the copies we passed
+    (``extra``); a row that was already there comes back with at least one
+    more. Later copies of a key within the batch are duplicates of the first.
+    """
+    out: list[Receipt] = []
+    seen: set[Key] = set()
+    for e in events:
+        key = (e.provider, e.event_id)
+        row_id, duplicates = returned[key]
+        if key in seen:
+            out.append(Receipt(duplicate=True, id=row_id))
+            continue
+        seen.add(key)
+        out.append(Receipt(duplicate=duplicates != extra.get(key, 0), id=row_id))
+    return out
 
 
 class Store(ABC):
@@ -59,9 +107,11 @@ class Store(ABC):
     async def insert_events(self, events: Sequence[NewEvent]) -> list[Receipt]:
         """Insert a batch in one transaction, durably; one receipt per event, in order.
 
-        Two events with the same (provider, event_id) in one batch: the first
-        is new, the second a duplicate, as if they had arrived one after the
-        other. Returns only after the commit.
+        A duplicate increments the existing row's ``duplicates`` and sets its
+        ``last_duplicate_at``, in the same statement. Two events with the same
+        (provider, event_id) in one batch: the first is new, the second a
+        duplicate, as if they had arrived one after the other. Returns only
+        after the commit.
         """
 
     @abstractmethod

@@ -7,6 +7,7 @@ I/O. It is not durable and not shared between processes: never use it to serve.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -56,7 +57,12 @@ class MemoryStore(Store):
         for e in events:
             key = (e.provider, e.event_id)
             if key in self._keys:
-                receipts.append(Receipt(duplicate=True))
+                old_id = self._keys[key]
+                old = self.events[old_id]
+                self.events[old_id] = dataclasses.replace(
+                    old, duplicates=old.duplicates + 1, last_duplicate_at=datetime.now(UTC)
+                )
+                receipts.append(Receipt(duplicate=True, id=old_id))
                 continue
             row_id = next(self._ids)
             self._keys[key] = row_id

@@ -171,6 +171,19 @@ MIGRATIONS: dict[str, tuple[Migration, ...]] = {
                 )""",
             ),
         ),
+        Migration(
+            4,
+            "duplicates remembered; payload retention",
+            (
+                # Counted by the same INSERT ... ON CONFLICT DO UPDATE that
+                # decides the duplicate: no second statement on the hot path.
+                "ALTER TABLE onceonly_events ADD COLUMN duplicates INTEGER NOT NULL DEFAULT 0",
+                "ALTER TABLE onceonly_events ADD COLUMN last_duplicate_at TEXT",
+                # Set by `onceonly purge` when it drops body and headers: an
+                # empty body then reads "purged", never "the sender sent nothing".
+                "ALTER TABLE onceonly_events ADD COLUMN payload_purged_at TEXT",
+            ),
+        ),
     ),
     "postgresql": (
         Migration(
@@ -298,6 +311,18 @@ MIGRATIONS: dict[str, tuple[Migration, ...]] = {
                     FOREIGN KEY (scope, key) REFERENCES onceonly_idempotency_keys (scope, key)
                         ON DELETE CASCADE
                 )""",
+            ),
+        ),
+        Migration(
+            4,
+            "duplicates remembered; payload retention",
+            (
+                # Constant defaults: PostgreSQL 11+ adds these columns without
+                # rewriting the table.
+                "ALTER TABLE onceonly_events"
+                " ADD COLUMN duplicates INTEGER NOT NULL DEFAULT 0,"
+                " ADD COLUMN last_duplicate_at TIMESTAMPTZ,"
+                " ADD COLUMN payload_purged_at TIMESTAMPTZ",
             ),
         ),
     ),

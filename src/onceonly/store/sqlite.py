@@ -21,19 +21,32 @@ from typing import Any, TypeVar
 from .._exceptions import StoreError, StoreUnavailable
 from ..events import Event, EventStatus, NewEvent, Receipt
 from . import migrations
-from .base import Store
+from .base import Store, collapse, receipts
 
 __all__ = ["SQLiteStore"]
 
 T = TypeVar("T")
 
 # One multi-row statement per batch (measured a few % faster than a statement
-# per row); SQLite allows 32,766 parameters, five per row.
-_INSERT_HEAD = "INSERT INTO onceonly_events (provider, event_id, event_type, body, headers) VALUES "
-_INSERT_TAIL = " ON CONFLICT (provider, event_id) DO NOTHING RETURNING provider, event_id, id"
-_ROWS_PER_STATEMENT = 6000
+# per row); SQLite allows 32,766 parameters, five per row (six for a key that
+# the batch holds more than once).
+_NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+_INSERT_HEAD = (
+    "INSERT INTO onceonly_events"
+    " (provider, event_id, event_type, body, headers, duplicates, last_duplicate_at) VALUES "
+)
+_ROW = "(?, ?, ?, ?, ?, 0, NULL)"
+_ROW_WITH_COPIES = f"(?, ?, ?, ?, ?, ?, {_NOW})"
+_INSERT_TAIL = (
+    " ON CONFLICT (provider, event_id) DO UPDATE SET"
+    " duplicates = onceonly_events.duplicates + 1 + excluded.duplicates,"
+    f" last_duplicate_at = {_NOW}"
+    " RETURNING provider, event_id, id, duplicates"
+)
+_ROWS_PER_STATEMENT = 5000
 _COLUMNS = (
-    "id, provider, event_id, event_type, body, headers, received_at, status, attempts, last_error"
+    "id, provider, event_id, event_type, body, headers, received_at, status, attempts, last_error,"
+    " duplicates, last_duplicate_at, payload_purged_at"
 )
 
 # Errors that mean "the database cannot take this now" rather than a bug:
@@ -58,10 +71,16 @@ def _translate(exc: sqlite3.Error) -> StoreError:
     return StoreError(f"SQLite: {message}")
 
 
+def _moment(text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    moment = datetime.fromisoformat(text)
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
 def _to_event(row: tuple[Any, ...]) -> Event:
-    received = datetime.fromisoformat(row[6])
-    if received.tzinfo is None:
-        received = received.replace(tzinfo=UTC)
+    received = _moment(row[6])
+    assert received is not None
     return Event(
         id=row[0],
         provider=row[1],
@@ -73,6 +92,9 @@ def _to_event(row: tuple[Any, ...]) -> Event:
         status=EventStatus(row[7]),
         attempts=row[8],
         last_error=row[9],
+        duplicates=row[10],
+        last_duplicate_at=_moment(row[11]),
+        payload_purged_at=_moment(row[12]),
     )
 
 
@@ -189,11 +211,13 @@ class SQLiteStore(Store):
         def insert(conn: sqlite3.Connection) -> list[Receipt]:
             # Rows are built here, on the store's thread, to keep that work
             # (headers to JSON) off the event loop that answers requests.
-            new: dict[tuple[str, str], int] = {}
+            unique, extra = collapse(events)
+            returned: dict[tuple[str, str], tuple[int, int]] = {}
             conn.execute("BEGIN IMMEDIATE")
-            for start in range(0, len(events), _ROWS_PER_STATEMENT):
-                chunk = events[start : start + _ROWS_PER_STATEMENT]
+            for start in range(0, len(unique), _ROWS_PER_STATEMENT):
+                chunk = unique[start : start + _ROWS_PER_STATEMENT]
                 params: list[object] = []
+                rows: list[str] = []
                 for e in chunk:
                     params += (
                         e.provider,
@@ -202,17 +226,17 @@ class SQLiteStore(Store):
                         e.body,
                         json.dumps(dict(e.headers)),
                     )
-                sql = _INSERT_HEAD + ", ".join(["(?, ?, ?, ?, ?)"] * len(chunk)) + _INSERT_TAIL
-                for provider, event_id, row_id in conn.execute(sql, params):
-                    new[(provider, event_id)] = row_id
+                    copies = extra.get((e.provider, e.event_id)) if extra else None
+                    if copies:
+                        params.append(copies)
+                        rows.append(_ROW_WITH_COPIES)
+                    else:
+                        rows.append(_ROW)
+                sql = _INSERT_HEAD + ", ".join(rows) + _INSERT_TAIL
+                for provider, event_id, row_id, duplicates in conn.execute(sql, params):
+                    returned[(provider, event_id)] = (row_id, duplicates)
             conn.execute("COMMIT")
-            # RETURNING lists only inserted rows. Within one batch the same key
-            # can appear twice; the first occurrence is the new one.
-            receipts = []
-            for e in events:
-                row_id = new.pop((e.provider, e.event_id), None)
-                receipts.append(Receipt(duplicate=row_id is None, id=row_id))
-            return receipts
+            return receipts(events, returned, extra)
 
         return await self._run(insert)
 

@@ -1,0 +1,458 @@
+"""The dashboard's pages, JSON endpoints and actions.
+
+Server-rendered HTML (Jinja2, autoescaped: payloads are written by whoever
+can reach the webhook URL) plus one small script that polls two JSON
+endpoints. No inline script or style, so the Content-Security-Policy can say
+``'self'`` and nothing else: even a payload that slipped past escaping could
+not run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlencode
+
+import jinja2
+import sqlalchemy as sa
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Route, Router
+
+from .. import __version__
+from ..asgi import Message, Receive, Scope, Send
+from ..events import EventStatus
+from ..operations import replay
+from .access import COOKIE_NAME, Access
+from .reader import STATUSES, EventReader, format_time
+from .redaction import Redactor
+
+if TYPE_CHECKING:
+    from ..config import Onceonly
+
+__all__ = ["Dashboard"]
+
+log = logging.getLogger("onceonly.dashboard")
+
+#: Statuses an operator may replay from the dashboard. Replaying a processed
+#: event runs its handler again: that stays a deliberate CLI command.
+REPLAYABLE = (EventStatus.FAILED.value, EventStatus.DEAD.value)
+PAGE_SIZE = 50
+MAX_FORM_BYTES = 8192
+SESSION_SECONDS = 12 * 3600
+
+_SECURITY_HEADERS = [
+    (
+        b"content-security-policy",
+        b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        b"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    ),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    # Not no-referrer: with it, browsers send "Origin: null" on form posts,
+    # and the origin check of every POST needs the real one.
+    (b"referrer-policy", b"same-origin"),
+    (b"cache-control", b"no-store"),
+]
+
+_STATIC = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+class Dashboard:
+    """The operator dashboard for one :class:`~onceonly.Onceonly`, as an ASGI app.
+
+    ``onceonly serve`` mounts it at ``dashboard_path``; in your own app::
+
+        app = Starlette(routes=[Mount("/dashboard", app=onceonly_app.dashboard())])
+
+    Access follows ``dashboard_token`` (see :mod:`onceonly.dashboard.access`).
+    """
+
+    def __init__(self, app: Onceonly) -> None:
+        self.onceonly = app
+        self.access = Access(app.dashboard_token)
+        self.redactor = Redactor(app.dashboard_redact)
+        self.reader = EventReader(app)
+        self.templates = jinja2.Environment(
+            loader=jinja2.PackageLoader("onceonly.dashboard", "templates"),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+        )
+        self.templates.filters["when"] = format_time
+        self.static = {
+            name: resources.files("onceonly.dashboard").joinpath("static", name).read_bytes()
+            for name in _STATIC
+        }
+        self.router = Router(
+            routes=[
+                Route("/", self._guarded(self.overview)),
+                Route("/events", self._guarded(self.event_list)),
+                Route("/events/{id:int}", self._guarded(self.event_page)),
+                Route("/events/{id:int}/replay", self._guarded(self.replay_one), methods=["POST"]),
+                Route("/replay-dead", self._guarded(self.replay_dead), methods=["POST"]),
+                Route("/api/counts", self._guarded(self.api_counts)),
+                Route("/api/events", self._guarded(self.api_events)),
+                Route("/api/events/{id:int}", self._guarded(self.api_event)),
+                Route("/login", self.login_form, methods=["GET"]),
+                Route("/login", self.login, methods=["POST"]),
+                Route("/logout", self._guarded(self.logout), methods=["POST"]),
+                Route("/static/{name}", self.static_file),
+            ],
+            redirect_slashes=False,
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.router(scope, receive, send)
+            return
+
+        async def secure_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *_SECURITY_HEADERS]
+            await send(message)
+
+        request = Request(scope, receive)
+        if not self.access.allowed(request):
+            # Local mode and a remote client (or a rebinding Host): say why,
+            # without showing anything else.
+            response: Response = self._page(
+                request,
+                "refused.html",
+                {"title": "Dashboard refused"},
+                status=403,
+            )
+            await response(scope, receive, secure_send)
+            return
+        if _route_path(scope) == "":
+            # Mounted at /dashboard and asked for /dashboard: the pages' links
+            # are relative to /dashboard/.
+            await RedirectResponse(self._base(request) + "/", 307)(scope, receive, secure_send)
+            return
+        await self.router(scope, receive, secure_send)
+
+    # Plumbing.
+
+    @staticmethod
+    def _base(request: Request) -> str:
+        return str(request.scope.get("root_path", "")).rstrip("/")
+
+    def _guarded(self, endpoint: Endpoint) -> Endpoint:
+        """`endpoint` behind the login; database failures become a 503 page."""
+
+        async def guarded(request: Request) -> Response:
+            if not self.access.authenticated(request):
+                return self._unauthenticated(request)
+            try:
+                return await endpoint(request)
+            except sa.exc.DBAPIError as exc:
+                log.warning("dashboard: database error: %s", exc.orig)
+                if _wants_json(request):
+                    return JSONResponse({"error": "database not reachable"}, 503)
+                return self._page(
+                    request, "error.html", {"title": "Database not reachable"}, status=503
+                )
+
+        return guarded
+
+    def _unauthenticated(self, request: Request) -> Response:
+        if _wants_json(request):
+            return JSONResponse(
+                {"error": "authentication required"},
+                401,
+                headers={"www-authenticate": 'Bearer realm="onceonly dashboard"'},
+            )
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return self._page(
+            request,
+            "login.html",
+            {"title": "Sign in", "next": target, "error": None},
+            status=401,
+            headers={"www-authenticate": 'Bearer realm="onceonly dashboard"'},
+        )
+
+    def _page(
+        self,
+        request: Request,
+        template: str,
+        context: dict[str, Any],
+        *,
+        status: int = 200,
+        headers: dict[str, str] | None = None,
+    ) -> HTMLResponse:
+        defaults = {
+            "base": self._base(request),
+            "csrf": self.access.csrf_token,
+            "signed_in": self.access.requires_token and self.access.authenticated(request),
+            "version": __version__,
+            "live": False,
+            "event_id": None,
+        }
+        html = self.templates.get_template(template).render({**defaults, **context})
+        return HTMLResponse(html, status, headers=headers)
+
+    async def _form(self, request: Request) -> dict[str, str] | None:
+        """A small urlencoded form, or ``None`` when it is too big to be ours."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_FORM_BYTES:
+            return None
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_FORM_BYTES:
+                return None
+        return {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
+
+    def _next(self, request: Request, candidate: str | None, fallback: str) -> str:
+        """Where to go after an action: only a path inside the dashboard (no open redirect)."""
+        base = self._base(request)
+        if (
+            candidate
+            and candidate.startswith(base + "/")
+            and not candidate.startswith("//")
+            and "\\" not in candidate
+        ):
+            return candidate
+        return fallback
+
+    # Pages.
+
+    async def overview(self, request: Request) -> Response:
+        replayed = request.query_params.get("replayed", "")
+        counts = await run_in_threadpool(self.reader.counts)
+        dead = await run_in_threadpool(
+            lambda: self.reader.events(status=EventStatus.DEAD.value, limit=20)
+        )
+        return self._page(
+            request,
+            "overview.html",
+            {
+                "title": "Overview",
+                "counts": counts,
+                "statuses": STATUSES,
+                "dead": dead,
+                "live": True,
+                "replayed": replayed if replayed.isdigit() else None,
+            },
+        )
+
+    async def event_list(self, request: Request) -> Response:
+        q = request.query_params
+        provider = q.get("provider") or None
+        status = q.get("status") or None
+        event_type = q.get("type") or None
+        before = q.get("before", "")
+        before_id = int(before) if before.isdigit() else None
+        if status is not None and status not in STATUSES:
+            status = None
+        rows = await run_in_threadpool(
+            lambda: self.reader.events(
+                provider=provider,
+                status=status,
+                event_type=event_type,
+                before_id=before_id,
+                limit=PAGE_SIZE,
+            )
+        )
+        counts = await run_in_threadpool(self.reader.counts)
+        filters = {"provider": provider or "", "status": status or "", "type": event_type or ""}
+        older = None
+        if len(rows) == PAGE_SIZE:
+            older = urlencode({**{k: v for k, v in filters.items() if v}, "before": rows[-1].id})
+        return self._page(
+            request,
+            "events.html",
+            {
+                "title": "Events",
+                "rows": rows,
+                "filters": filters,
+                "providers": list(counts.by_provider),
+                "statuses": STATUSES,
+                "older": older,
+                "with_duplicates": counts.duplicates is not None,
+                "replayable": REPLAYABLE,
+                "here": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+            },
+        )
+
+    async def event_page(self, request: Request) -> Response:
+        pk: int = request.path_params["id"]
+        detail = await run_in_threadpool(self.reader.event, pk)
+        if detail is None:
+            return self._page(request, "error.html", {"title": f"No event {pk}"}, status=404)
+        content_type = next(
+            (v for k, v in detail.headers.items() if k.lower() == "content-type"), None
+        )
+        return self._page(
+            request,
+            "event.html",
+            {
+                "title": f"Event {pk}",
+                "event": detail.row,
+                "detail": detail,
+                "headers": self.redactor.headers(detail.headers),
+                "body": self.redactor.body(detail.body, content_type),
+                "replayable": REPLAYABLE,
+                "notice": request.query_params.get("notice"),
+                "event_id": pk,
+            },
+        )
+
+    # Actions.
+
+    async def replay_one(self, request: Request) -> Response:
+        pk: int = request.path_params["id"]
+        form = await self._form(request)
+        if form is None or not self.access.csrf_ok(request, form.get("csrf")):
+            return self._forbidden(request)
+        detail = await run_in_threadpool(self.reader.event, pk)
+        if detail is None:
+            return self._page(request, "error.html", {"title": f"No event {pk}"}, status=404)
+        replayed: list[int] = []
+        if detail.row.status in REPLAYABLE:
+            # The status in the WHERE clause: if a worker moved the event in
+            # the meantime, nothing happens.
+            status = EventStatus(detail.row.status)
+            replayed = await run_in_threadpool(
+                lambda: replay(
+                    self.onceonly.engine, self.onceonly.engine_kind, id=pk, status=status
+                )
+            )
+        notice = "replayed" if replayed else "not-replayable"
+        log.info("dashboard: event %s %s", pk, notice)
+        if _wants_json(request):
+            return JSONResponse({"replayed": replayed})
+        fallback = f"{self._base(request)}/events/{pk}"
+        target = self._next(request, form.get("next"), fallback)
+        separator = "&" if "?" in target else "?"
+        return RedirectResponse(f"{target}{separator}notice={notice}", 303)
+
+    async def replay_dead(self, request: Request) -> Response:
+        form = await self._form(request)
+        if form is None or not self.access.csrf_ok(request, form.get("csrf")):
+            return self._forbidden(request)
+        replayed = await run_in_threadpool(
+            lambda: replay(self.onceonly.engine, self.onceonly.engine_kind, status=EventStatus.DEAD)
+        )
+        log.info("dashboard: replayed %d dead event(s)", len(replayed))
+        if _wants_json(request):
+            return JSONResponse({"replayed": replayed})
+        return RedirectResponse(f"{self._base(request)}/?replayed={len(replayed)}", 303)
+
+    def _forbidden(self, request: Request) -> Response:
+        if _wants_json(request):
+            return JSONResponse({"error": "CSRF check failed"}, 403)
+        return self._page(
+            request, "error.html", {"title": "Form expired: reload the page and retry"}, status=403
+        )
+
+    # JSON.
+
+    async def api_counts(self, request: Request) -> Response:
+        counts = await run_in_threadpool(self.reader.counts)
+        return JSONResponse(counts.to_dict())
+
+    async def api_events(self, request: Request) -> Response:
+        q = request.query_params
+        before = q.get("before", "")
+        limit = q.get("limit", "")
+        rows = await run_in_threadpool(
+            lambda: self.reader.events(
+                provider=q.get("provider") or None,
+                status=q.get("status") or None,
+                event_type=q.get("type") or None,
+                before_id=int(before) if before.isdigit() else None,
+                limit=min(int(limit), 1000) if limit.isdigit() else PAGE_SIZE,
+            )
+        )
+        return JSONResponse([r.to_dict() for r in rows])
+
+    async def api_event(self, request: Request) -> Response:
+        pk: int = request.path_params["id"]
+        detail = await run_in_threadpool(self.reader.event, pk)
+        if detail is None:
+            return JSONResponse({"error": "no such event"}, 404)
+        return JSONResponse(
+            {
+                **detail.row.to_dict(),
+                "replayable": detail.row.status in REPLAYABLE,
+                "processed_at": detail.processed_at,
+            }
+        )
+
+    # Login.
+
+    async def login_form(self, request: Request) -> Response:
+        if not self.access.requires_token:
+            return RedirectResponse(f"{self._base(request)}/", 303)
+        return self._page(
+            request,
+            "login.html",
+            {"title": "Sign in", "next": f"{self._base(request)}/", "error": None},
+        )
+
+    async def login(self, request: Request) -> Response:
+        base = self._base(request)
+        form = await self._form(request)
+        if form is None or not self.access.same_origin(request):
+            return self._forbidden(request)
+        if not self.access.requires_token:
+            return RedirectResponse(f"{base}/", 303)
+        target = self._next(request, form.get("next"), f"{base}/")
+        if not self.access.token_matches(form.get("token", "")):
+            client = request.client.host if request.client else "?"
+            log.warning("dashboard: wrong token from %s", client)
+            return self._page(
+                request,
+                "login.html",
+                {"title": "Sign in", "next": target, "error": "That token is not right."},
+                status=401,
+            )
+        response = RedirectResponse(target, 303)
+        response.set_cookie(
+            COOKIE_NAME,
+            self.access.session_value,
+            max_age=SESSION_SECONDS,
+            path=f"{base}/",
+            secure=request.url.scheme == "https",
+            httponly=True,
+            samesite="strict",
+        )
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        form = await self._form(request)
+        if form is None or not self.access.csrf_ok(request, form.get("csrf")):
+            return self._forbidden(request)
+        base = self._base(request)
+        response = RedirectResponse(f"{base}/login", 303)
+        response.delete_cookie(COOKIE_NAME, path=f"{base}/", httponly=True, samesite="strict")
+        return response
+
+    async def static_file(self, request: Request) -> Response:
+        name: str = request.path_params["name"]
+        if name not in self.static:
+            return Response("not found", 404, media_type="text/plain")
+        return Response(self.static[name], media_type=_STATIC[name])
+
+
+def _route_path(scope: Scope) -> str:
+    """The path below the mount point (``""`` for the mount point itself)."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root) and (len(path) == len(root) or path[len(root)] == "/"):
+        return path[len(root) :]
+    return path
+
+
+def _wants_json(request: Request) -> bool:
+    """JSON endpoints, clients that ask for JSON, and scripts (a bearer token)."""
+    return (
+        _route_path(request.scope).startswith("/api/")
+        or "application/json" in request.headers.get("accept", "")
+        or request.headers.get("authorization", "").lower().startswith("bearer ")
+    )

@@ -1,0 +1,352 @@
+"""Prometheus metrics: what arrives, what is refused, what the worker does, what waits.
+
+Each :class:`~onceonly.Onceonly` owns one :class:`Metrics` with its own
+:class:`~prometheus_client.CollectorRegistry` (never the global one: a test
+suite, or an application hosting two deployments, creates many apps in one
+process). ``onceonly serve`` exposes it at ``GET /metrics``; a stand-alone
+``onceonly worker --metrics-port N`` serves it on its own port.
+
+Counters (all ``_total``):
+
+====================================  ==================  ==============================
+name                                  labels              counts
+====================================  ==================  ==============================
+onceonly_deliveries_received_total    provider            every delivery answered, any
+                                                          outcome (= stored + duplicates
+                                                          + rejected)
+onceonly_events_stored_total          provider            new events committed (200)
+onceonly_duplicates_received_total    provider            duplicates answered 200
+onceonly_deliveries_rejected_total    provider, reason    refused: ``signature``,
+                                                          ``payload``,
+                                                          ``unknown-provider``,
+                                                          ``too-large``, ``unavailable``
+onceonly_events_processed_total       provider            handlers that committed
+onceonly_events_failed_total          provider            failed attempts to be retried
+onceonly_events_dead_total            provider            events given up on (dead)
+====================================  ==================  ==============================
+
+plus the histogram ``onceonly_handler_duration_seconds{provider}`` and, read
+from the database when scraped (at most once a second, whatever the number of
+scrapers), ``onceonly_queue_depth{status}``,
+``onceonly_queue_oldest_pending_age_seconds`` and ``onceonly_database_up``.
+
+Deliveries to a route with no configured provider are counted under
+``provider="(unknown)"``: anyone can POST to any path, and a label per path
+would let them grow the metrics without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import sqlalchemy as sa
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .asgi import Receive, Scope, Send, send_response
+
+if TYPE_CHECKING:
+    from .config import Onceonly
+
+__all__ = [
+    "CONTENT_TYPE",
+    "UNKNOWN_PROVIDER",
+    "Metrics",
+    "MetricsEndpoint",
+    "QueueStats",
+    "read_queue",
+]
+
+log = logging.getLogger("onceonly.metrics")
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+UNKNOWN_PROVIDER = "(unknown)"
+REJECTION_REASONS = ("signature", "payload", "unknown-provider", "too-large", "unavailable")
+QUEUE_STATUSES = ("pending", "processing", "failed", "dead")
+
+# From 1 ms to 1 min: handlers range from one INSERT to a slow provider API.
+_HANDLER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """The queue as the database saw it at one moment."""
+
+    #: Events per unfinished status, each count capped (see :func:`read_queue`).
+    depth: dict[str, int]
+    #: Seconds since the oldest pending event was received; 0 when none waits.
+    oldest_pending_age: float
+
+
+def _queue_sql(kind: str) -> tuple[str, str]:
+    # Counting walks the (status, id) index, never the processed rows (the
+    # bulk of the table); the cap bounds the walk when a backlog is huge.
+    depth = " UNION ALL ".join(
+        f"SELECT '{s}', count(*) FROM"
+        f" (SELECT 1 FROM onceonly_events WHERE status = '{s}' LIMIT :cap) AS q{i}"
+        for i, s in enumerate(QUEUE_STATUSES)
+    )
+    # The oldest by id is the oldest received: one index probe.
+    if kind == "postgresql":
+        age = "extract(epoch FROM clock_timestamp() - received_at)"
+    else:
+        age = "(julianday('now') - julianday(received_at)) * 86400.0"
+    oldest = f"SELECT {age} FROM onceonly_events WHERE status = 'pending' ORDER BY id LIMIT 1"
+    return depth, oldest
+
+
+def read_queue(engine: sa.Engine, kind: str, *, cap: int = 100_000) -> QueueStats:
+    """Count unfinished events per status (each count stops at `cap`) and the age
+    of the oldest pending one, in one short read transaction."""
+    depth_sql, oldest_sql = _queue_sql(kind)
+    with engine.connect() as conn:
+        depth = {str(s): int(n) for s, n in conn.execute(sa.text(depth_sql), {"cap": cap})}
+        age = conn.execute(sa.text(oldest_sql)).scalar()
+    return QueueStats(depth=depth, oldest_pending_age=max(0.0, float(age or 0.0)))
+
+
+class _QueueCollector(Collector):
+    """Queue gauges read at scrape time, cached for `ttl` seconds."""
+
+    def __init__(self, metrics: Metrics, ttl: float) -> None:
+        self._metrics = metrics
+        self._ttl = ttl
+        self._lock = threading.Lock()
+        self._at = -float("inf")
+        self._stats: QueueStats | None = None
+
+    def _current(self) -> QueueStats | None:
+        with self._lock:  # concurrent scrapes share one read
+            if time.monotonic() - self._at >= self._ttl:
+                try:
+                    self._stats = self._metrics.read_queue()
+                except Exception as exc:  # a scrape must not fail with the database
+                    log.warning("cannot read the queue for /metrics: %s", exc)
+                    self._stats = None
+                self._at = time.monotonic()
+            return self._stats
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families(None, describe=True)
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families(self._current(), describe=False)
+
+    def _families(self, stats: QueueStats | None, *, describe: bool) -> list[Metric]:
+        up = GaugeMetricFamily(
+            "onceonly_database_up", "1 when the last queue read from the database succeeded"
+        )
+        depth = GaugeMetricFamily(
+            "onceonly_queue_depth",
+            "Events waiting or in hand, by status (each count capped)",
+            labels=["status"],
+        )
+        age = GaugeMetricFamily(
+            "onceonly_queue_oldest_pending_age_seconds",
+            "Seconds since the oldest pending event was received (0: none pending)",
+        )
+        if describe:
+            return [up, depth, age]
+        up.add_metric([], 0.0 if stats is None else 1.0)
+        if stats is None:
+            return [up]
+        for status in QUEUE_STATUSES:
+            depth.add_metric([status], float(stats.depth.get(status, 0)))
+        age.add_metric([], stats.oldest_pending_age)
+        return [up, depth, age]
+
+
+@dataclass(frozen=True, slots=True)
+class _Delivery:
+    """One provider's receive-path counters, bound once (the hot path only
+    increments)."""
+
+    received: Counter
+    stored: Counter
+    duplicates: Counter
+    rejected: dict[str, Counter]
+
+
+@dataclass(frozen=True, slots=True)
+class _Work:
+    processed: Counter
+    failed: Counter
+    dead: Counter
+    duration: Histogram
+
+
+class Metrics:
+    """The metrics of one :class:`~onceonly.Onceonly`, in their own registry."""
+
+    def __init__(
+        self, app: Onceonly, *, queue_ttl: float = 1.0, queue_count_cap: int = 100_000
+    ) -> None:
+        self.app = app
+        self.queue_count_cap = queue_count_cap
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self._received = Counter(
+            "onceonly_deliveries_received",
+            "Deliveries answered, whatever the outcome",
+            ["provider"],
+            registry=r,
+        )
+        self._stored = Counter(
+            "onceonly_events_stored", "New events committed", ["provider"], registry=r
+        )
+        self._duplicates = Counter(
+            "onceonly_duplicates_received",
+            "Deliveries of an event already stored (answered 200)",
+            ["provider"],
+            registry=r,
+        )
+        self._rejected = Counter(
+            "onceonly_deliveries_rejected",
+            "Deliveries refused, by reason",
+            ["provider", "reason"],
+            registry=r,
+        )
+        self._processed = Counter(
+            "onceonly_events_processed",
+            "Events whose handler committed",
+            ["provider"],
+            registry=r,
+        )
+        self._failed = Counter(
+            "onceonly_events_failed",
+            "Failed attempts that will be retried",
+            ["provider"],
+            registry=r,
+        )
+        self._dead = Counter(
+            "onceonly_events_dead",
+            "Events given up on after their last attempt",
+            ["provider"],
+            registry=r,
+        )
+        self._duration = Histogram(
+            "onceonly_handler_duration_seconds",
+            "Time spent in handlers, successful or not",
+            ["provider"],
+            buckets=_HANDLER_BUCKETS,
+            registry=r,
+        )
+        r.register(_QueueCollector(self, queue_ttl))
+        self._deliveries: dict[str, _Delivery] = {}
+        self._work: dict[str, _Work] = {}
+        self._bind_lock = threading.Lock()
+        # Configured providers appear at 0 from the first scrape, so rate()
+        # and absent() behave from the start.
+        for name in (*app.providers, UNKNOWN_PROVIDER):
+            self._delivery(name)
+
+    # Receive path (the event loop).
+
+    def _delivery(self, provider: str) -> _Delivery:
+        bound = self._deliveries.get(provider)
+        if bound is None:
+            bound = _Delivery(
+                received=self._received.labels(provider),
+                stored=self._stored.labels(provider),
+                duplicates=self._duplicates.labels(provider),
+                rejected={r: self._rejected.labels(provider, r) for r in REJECTION_REASONS},
+            )
+            self._deliveries[provider] = bound
+        return bound
+
+    def accepted(self, provider: str, *, duplicate: bool) -> None:
+        """A delivery answered 200: new event or duplicate."""
+        bound = self._deliveries.get(provider) or self._delivery(provider)
+        bound.received.inc()
+        (bound.duplicates if duplicate else bound.stored).inc()
+
+    def rejected(self, provider: str, reason: str) -> None:
+        """A delivery refused; `reason` is the problem type the sender got."""
+        if reason == "unknown-provider":
+            provider = UNKNOWN_PROVIDER
+        bound = self._deliveries.get(provider) or self._delivery(provider)
+        bound.received.inc()
+        counter = bound.rejected.get(reason)
+        if counter is None:  # a reason a custom provider made up
+            counter = self._rejected.labels(provider, reason)
+        counter.inc()
+
+    # Worker (its threads).
+
+    def _worker(self, provider: str) -> _Work:
+        bound = self._work.get(provider)
+        if bound is None:
+            with self._bind_lock:
+                bound = self._work.get(provider)
+                if bound is None:
+                    bound = _Work(
+                        processed=self._processed.labels(provider),
+                        failed=self._failed.labels(provider),
+                        dead=self._dead.labels(provider),
+                        duration=self._duration.labels(provider),
+                    )
+                    self._work[provider] = bound
+        return bound
+
+    def handler_ran(self, provider: str, seconds: float) -> None:
+        self._worker(provider).duration.observe(seconds)
+
+    def batch_committed(
+        self, processed: Sequence[str], failed: Sequence[str], dead: Sequence[str]
+    ) -> None:
+        """Outcomes of one committed processing transaction, by provider."""
+        for provider in processed:
+            self._worker(provider).processed.inc()
+        for provider in failed:
+            self._worker(provider).failed.inc()
+        for provider in dead:
+            self._worker(provider).dead.inc()
+
+    # Exposition.
+
+    def read_queue(self) -> QueueStats:
+        return read_queue(self.app.engine, self.app.engine_kind, cap=self.queue_count_cap)
+
+    def exposition(self) -> bytes:
+        """The text format Prometheus scrapes (blocking: it may read the database)."""
+        return generate_latest(self.registry)
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+        """Serve ``/metrics`` on its own port from a daemon thread (stand-alone workers)."""
+        from prometheus_client import start_http_server
+
+        start_http_server(port, addr=host, registry=self.registry)
+
+    def samples(self) -> Iterator[tuple[str, dict[str, str], float]]:
+        """Every sample as (name, labels, value), for tests and scripts."""
+        for family in self.registry.collect():
+            for sample in family.samples:
+                yield sample.name, dict(sample.labels), float(sample.value)
+
+
+class MetricsEndpoint:
+    """An ASGI app answering any request with the metrics, for an application
+    that mounts the receiver itself::
+
+        Starlette(routes=[
+            Mount("/webhooks", app=app.receiver()),
+            Route("/metrics", endpoint=MetricsEndpoint(app.metrics)),
+        ])
+    """
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        # In a thread: the queue gauges read the database.
+        text = await asyncio.to_thread(self.metrics.exposition)
+        await send_response(send, 200, text, [(b"content-type", CONTENT_TYPE.encode())])
