@@ -103,7 +103,9 @@ def main() -> None:
 
     \b
     Quick start:
+      onceonly demo                                    # what it saves you from
       ONCEONLY_STRIPE_SECRET=whsec_... onceonly serve
+      onceonly dev send stripe --secret whsec_...       # in another shell
       onceonly events list
     """
 

@@ -427,3 +427,42 @@ async def test_a_failure_after_the_status_line_is_stored_and_answered_as_one_500
     assert again.json() == first.json()
     assert again.headers["idempotent-replayed"] == "true"
     assert runs == 1
+
+
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+async def test_a_claim_racing_the_completion_of_its_key_waits_and_sees_it_done(
+    database_url: str,
+) -> None:
+    """A completion in flight in another transaction (another server process):
+    a claim of its key, whose lock has run out, tries to take it over, waits
+    for the row and re-checks it under its lock; it finds the stored response,
+    never becomes a second owner."""
+    import asyncpg
+
+    from onceonly.idempotency.postgres import PostgresKeyStore
+
+    store = create_store(database_url)
+    keys = key_store_for(store)
+    now = time.time()
+    claim = KeyClaim("c", "k", "fp")
+    ok = StoredResponse(201, (("content-type", "application/json"),), b'{"id": 1}')
+    (first,) = await keys.claim([claim], now=now, lock_seconds=1, ttl=100)
+    assert first.state == "acquired"
+    completing = await asyncpg.connect(database_url)
+    try:
+        in_flight = completing.transaction()
+        await in_flight.start()
+        rows = await completing.fetch(
+            PostgresKeyStore._COMPLETE,
+            *PostgresKeyStore._complete_args([Completion("c", "k", first.fence, ok)], now + 2),
+        )
+        assert len(rows) == 1  # updated, not committed: the row is locked
+        racing = asyncio.ensure_future(keys.claim([claim], now=now + 2, lock_seconds=1, ttl=100))
+        await asyncio.sleep(0.3)
+        assert not racing.done()  # waiting for the completion's row lock
+        await in_flight.commit()
+        (outcome,) = await racing
+    finally:
+        await completing.close()
+    assert (outcome.state, outcome.fence, outcome.response) == ("done", first.fence, ok)
+    await store.close()
