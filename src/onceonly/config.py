@@ -256,13 +256,13 @@ class Onceonly:
         before the handler's transaction opens, so no database lock waits on
         the network (see docs/fetching.md).
         """
-        kinds: tuple[str | None, ...] = (
-            ((None,) if prefetch else ())
-            if isinstance(prefetch, bool)
-            else (prefetch,)
-            if isinstance(prefetch, str)
-            else tuple(prefetch)
-        )
+        kinds: tuple[str | None, ...]
+        if isinstance(prefetch, bool):
+            kinds = (None,) if prefetch else ()
+        elif isinstance(prefetch, str):
+            kinds = (prefetch,)
+        else:
+            kinds = tuple(prefetch)
 
         def register(fn: H) -> H:
             self.handlers.add(fn, provider, event_type, kinds)

@@ -65,6 +65,7 @@ class Receiver:
         self.onceonly = onceonly
         self.inbox = onceonly.inbox
         self.metrics = onceonly.metrics
+        self._metrics_endpoint = MetricsEndpoint(self.metrics)
         self.prefix = prefix.rstrip("/")
         self.max_body_bytes = onceonly.max_body_bytes
         self._retry_after = str(onceonly.retry_after).encode()
@@ -120,7 +121,7 @@ class Receiver:
             await self._health(send)
             return
         if provider == _METRICS:
-            await MetricsEndpoint(self.metrics)(scope, receive, send)
+            await self._metrics_endpoint(scope, receive, send)
             return
         if scope["method"] != "POST":
             await send_problem(

@@ -361,6 +361,8 @@ class Worker:
         SQLite, the database's only write lock, which the receiver needs). A
         failed read is kept and raised by ``ctx.fetch()`` in the handler.
         """
+        if not self.app.api_clients:
+            return {}  # the common case: nothing to read, nothing to resolve
         wanted: dict[tuple[int, Target], tuple[ApiClient, list[int]]] = {}
         for item in batch:
             event = item.event
