@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Generic, TypeVar
 
 from ._exceptions import StoreUnavailable
@@ -182,17 +182,7 @@ class ThreadGroupCommit(Generic[T, R]):
                     self.batches += 1
                     self.items += len(batch)
                 # Each answer goes back on its caller's loop (normally there is one).
-                for loop in {future.get_loop() for _, future in batch}:
-                    mine = [entry for entry in batch if entry[1].get_loop() is loop]
-                    answers = (
-                        results
-                        if isinstance(results, BaseException)
-                        else [
-                            r
-                            for r, entry in zip(results, batch, strict=True)
-                            if entry[1].get_loop() is loop
-                        ]
-                    )
+                for loop, mine, answers in _by_loop(batch, results):
                     # RuntimeError: the loop is closed, nobody is waiting any more.
                     with contextlib.suppress(RuntimeError):
                         loop.call_soon_threadsafe(_settle, mine, answers)
@@ -200,6 +190,30 @@ class ThreadGroupCommit(Generic[T, R]):
             with self._lock:
                 self._draining = False
             raise
+
+
+def _by_loop(
+    batch: Sequence[tuple[T, asyncio.Future[R]]], results: Sequence[R] | BaseException
+) -> Iterator[
+    tuple[
+        asyncio.AbstractEventLoop,
+        Sequence[tuple[T, asyncio.Future[R]]],
+        Sequence[R] | BaseException,
+    ]
+]:
+    """The batch and its results split by the callers' event loops."""
+    loops = {future.get_loop() for _, future in batch}
+    if len(loops) == 1:  # the usual case: no need to split
+        yield loops.pop(), batch, results
+        return
+    for loop in loops:
+        mine = [entry for entry in batch if entry[1].get_loop() is loop]
+        answers = (
+            results
+            if isinstance(results, BaseException)
+            else [r for r, entry in zip(results, batch, strict=True) if entry[1].get_loop() is loop]
+        )
+        yield loop, mine, answers
 
 
 def _settle(

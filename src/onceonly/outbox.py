@@ -43,12 +43,9 @@ class OutboxRunner:
         self.loop = loop
 
     def run_for(self, event_pks: Sequence[int]) -> None:
+        query = sa.text(self.q.pending_outbox_of_event)
         with self.engine.connect() as conn:
-            rows = [
-                row
-                for pk in event_pks
-                for row in conn.execute(sa.text(self.q.pending_outbox_of_event), {"event_pk": pk})
-            ]
+            rows = [row for pk in event_pks for row in conn.execute(query, {"event_pk": pk})]
         for row in rows:
             self._send(row)
 

@@ -208,14 +208,14 @@ def purge(
 
     # Rows past the ids horizon first: what is deleted needs no payload drop.
     ids_params = {"cutoff": _when(ids_cutoff, kind)}
+    lock = _sql(_LOCK_EXPIRED + (" FOR UPDATE" if kind == "postgresql" else ""))
     for ids in _walk(engine, _EXPIRED_IDS, ids_params, batch_size):
         with engine.begin() as conn:
             if dry_run:
                 totals.add_children(conn, ids, delete=False)
                 totals.events += len(ids)
                 continue
-            lock = _LOCK_EXPIRED + (" FOR UPDATE" if kind == "postgresql" else "")
-            doomed = [int(r[0]) for r in conn.execute(_sql(lock), {**ids_params, "ids": ids})]
+            doomed = [int(r[0]) for r in conn.execute(lock, {**ids_params, "ids": ids})]
             if doomed:
                 # Children first, counted; the foreign keys would cascade anyway.
                 totals.add_children(conn, doomed, delete=True)

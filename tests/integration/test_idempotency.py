@@ -317,6 +317,19 @@ async def test_store_unreachable_fails_closed_with_503(shop: Shop, database_url:
     assert shop.runs["orders"] == 1  # never run without protection
 
 
+async def _post_twice(
+    app: Any, database_url: str, name: str
+) -> tuple[httpx.Response, httpx.Response]:
+    """POST /charge twice with one key, behind the middleware."""
+    with live_server(IdempotencyMiddleware(app, store=create_store(database_url))) as url:
+        # One connection each: the server closes a connection whose request raised.
+        async with httpx.AsyncClient(base_url=url) as client:
+            first = await client.post("/charge", json={}, headers=key(name))
+        async with httpx.AsyncClient(base_url=url) as client:
+            again = await client.post("/charge", json={}, headers=key(name))
+    return first, again
+
+
 async def test_a_bare_asgi_app_that_raises_gets_a_stored_problem_500(database_url: str) -> None:
     runs = 0
 
@@ -327,11 +340,7 @@ async def test_a_bare_asgi_app_that_raises_gets_a_stored_problem_500(database_ur
         runs += 1
         raise RuntimeError("no framework to catch this")
 
-    with live_server(IdempotencyMiddleware(bare, store=create_store(database_url))) as url:
-        async with httpx.AsyncClient(base_url=url) as client:
-            first = await client.post("/charge", json={}, headers=key("raw"))
-        async with httpx.AsyncClient(base_url=url) as client:
-            again = await client.post("/charge", json={}, headers=key("raw"))
+    first, again = await _post_twice(bare, database_url, "raw")
     assert first.status_code == again.status_code == 500
     assert first.headers["content-type"] == "application/problem+json"
     assert again.json() == first.json()
@@ -416,12 +425,7 @@ async def test_a_failure_after_the_status_line_is_stored_and_answered_as_one_500
         await send({"type": "http.response.start", "status": 201, "headers": []})
         raise RuntimeError("failed after the status line")
 
-    with live_server(IdempotencyMiddleware(half, store=create_store(database_url))) as url:
-        # One connection each: the server closes a connection whose request raised.
-        async with httpx.AsyncClient(base_url=url) as client:
-            first = await client.post("/charge", json={}, headers=key("half"))
-        async with httpx.AsyncClient(base_url=url) as client:
-            again = await client.post("/charge", json={}, headers=key("half"))
+    first, again = await _post_twice(half, database_url, "half")
     assert first.status_code == again.status_code == 500
     assert first.headers["content-type"] == "application/problem+json"
     assert again.json() == first.json()

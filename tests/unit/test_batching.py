@@ -87,3 +87,25 @@ async def test_the_thread_gives_its_turn_back_and_is_handed_another() -> None:
         0, 10, 20, 30, 40
     ]  # fmt: skip
     assert turns >= 2  # every item was still taken, over several turns
+
+
+def test_callers_on_several_event_loops_get_their_own_answers() -> None:
+    """A batch can mix callers of several event loops: each loop is handed its
+    own callers with their own results, in order (one loop: the batch as is)."""
+    from onceonly.batching import _by_loop
+
+    loops = [asyncio.new_event_loop(), asyncio.new_event_loop()]
+    try:
+        batch = [(i, loops[i % 2].create_future()) for i in range(5)]
+        results = [i * 10 for i in range(5)]
+        split = {loop: (mine, answers) for loop, mine, answers in _by_loop(batch, results)}
+        assert [item for item, _ in split[loops[0]][0]] == [0, 2, 4]
+        assert split[loops[0]][1] == [0, 20, 40]
+        assert split[loops[1]][1] == [10, 30]
+        failure = ValueError("the transaction failed")
+        assert all(answers is failure for _, _, answers in _by_loop(batch, failure))
+        ((loop, mine, answers),) = _by_loop(batch[:1], results[:1])
+        assert (loop, mine, answers) == (loops[0], batch[:1], results[:1])
+    finally:
+        for loop in loops:
+            loop.close()

@@ -52,9 +52,10 @@ class Counts:
         return sum(self.by_status.values())
 
     def to_dict(self) -> dict[str, Any]:
+        by_status = self.by_status
         return {
-            "total": self.total,
-            "by_status": self.by_status,
+            "total": sum(by_status.values()),
+            "by_status": by_status,
             "by_provider": self.by_provider,
             "duplicates": (
                 None
@@ -240,7 +241,8 @@ class EventReader:
 
     def event(self, id: int) -> EventDetail | None:
         with self.engine.connect() as conn:
-            extra = "".join(f", {c}" for c in OPTIONAL_COLUMNS if c in self._columns(conn))
+            present = self._columns(conn)
+            extra = "".join(f", {c}" for c in OPTIONAL_COLUMNS if c in present)
             row = conn.execute(
                 sa.text(
                     f"SELECT {_LIST_COLUMNS}{extra}, body, headers, processed_at, handler"

@@ -34,7 +34,7 @@ from ..asgi import ASGIApp, Message, Receive, Scope, Send, lower_headers, read_b
 from ..batching import GroupCommit, ThreadGroupCommit
 from .keys import ClientScope, HeaderScope, InvalidKey, by_header, fingerprint, parse_key
 from .records import ClaimOutcome, Completion, KeyClaim, StoredResponse
-from .storage import KeyStore, SQLiteKeyStore, in_order, key_store_for
+from .storage import KeyStore, SQLiteKeyStore, in_order, key_store_for, split
 
 if TYPE_CHECKING:
     from ..config import Onceonly
@@ -226,8 +226,7 @@ class IdempotencyMiddleware:
             self.records = GroupCommit(self._apply_batch, max_in_flight=1)
 
     async def _apply_batch(self, ops: Sequence[KeyClaim | Completion]) -> list[ClaimOutcome | bool]:
-        completions = [op for op in ops if isinstance(op, Completion)]
-        claims = [op for op in ops if isinstance(op, KeyClaim)]
+        completions, claims = split(ops)
         landed, outcomes = await self.keys.apply(
             completions, claims, now=time.time(), lock_seconds=self.lock_timeout, ttl=self.ttl
         )
@@ -331,9 +330,7 @@ class IdempotencyMiddleware:
             if outcome.state == "done":
                 assert outcome.response is not None
                 self.cache.put(ident, outcome.fingerprint, outcome.response, outcome.expires_at)
-                await self._answer_done(
-                    send, ident, fp, outcome.fingerprint, outcome.response, outcome.fence
-                )
+                await self._answer_done(send, ident, outcome.response, outcome.fence)
                 return
             if self.on_conflict == "409" or time.monotonic() > deadline:
                 await _problem(
@@ -412,25 +409,14 @@ class IdempotencyMiddleware:
         return headers
 
     async def _answer_done(
-        self,
-        send: Send,
-        ident: tuple[str, str],
-        fp: str,
-        stored_fp: str,
-        response: StoredResponse,
-        fence: int,
+        self, send: Send, ident: tuple[str, str], response: StoredResponse, fence: int
     ) -> None:
-        if stored_fp != fp:
-            await _mismatch(send)
-            return
+        """Replay a stored response (the caller has checked the fingerprint)."""
         headers = self._replay_headers(response)
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
         if response.body is not None:
-            await send(
-                {"type": "http.response.start", "status": response.status, "headers": headers}
-            )
             await send({"type": "http.response.body", "body": response.body})
             return
-        await send({"type": "http.response.start", "status": response.status, "headers": headers})
         seq = 0
         while True:
             # Sixteen chunks (1 MiB) at a time: memory stays bounded whatever the size.

@@ -27,7 +27,7 @@ from ..batching import ThreadGroupCommit
 from ..store import Store
 from .records import ClaimOutcome, Completion, KeyClaim, StoredResponse
 
-__all__ = ["KeyStore", "SQLiteKeyStore", "in_order", "key_store_for"]
+__all__ = ["KeyStore", "SQLiteKeyStore", "in_order", "key_store_for", "split"]
 
 _KEYS = "onceonly_idempotency_keys"
 _CHUNKS = "onceonly_idempotency_chunks"
@@ -160,6 +160,13 @@ def _sqlite_sql(template: str, row: str, count: int) -> str:
     return template.format(rows=", ".join([row] * count))
 
 
+def split(ops: Sequence[KeyClaim | Completion]) -> tuple[list[Completion], list[KeyClaim]]:
+    """A group-commit batch as the two arguments of `apply`."""
+    completions = [op for op in ops if isinstance(op, Completion)]
+    claims = [op for op in ops if isinstance(op, KeyClaim)]
+    return completions, claims
+
+
 def in_order(
     ops: Sequence[KeyClaim | Completion], landed: list[bool], outcomes: list[ClaimOutcome]
 ) -> list[ClaimOutcome | bool]:
@@ -231,8 +238,7 @@ class SQLiteKeyStore(KeyStore):
         store's thread (see ThreadGroupCommit)."""
 
         def apply(ops: Sequence[KeyClaim | Completion]) -> list[ClaimOutcome | bool]:
-            completions = [op for op in ops if isinstance(op, Completion)]
-            claims = [op for op in ops if isinstance(op, KeyClaim)]
+            completions, claims = split(ops)
             landed, outcomes = self.store._call(
                 lambda conn: self._apply_on(
                     conn, completions, claims, time.time(), lock_seconds, ttl
