@@ -29,6 +29,7 @@ from pathlib import Path
 import asyncpg
 
 import onceonly
+from _harness import drop_database, recreate_database
 from onceonly import NewEvent, create_store
 from onceonly.store import Store
 
@@ -50,24 +51,6 @@ async def phase(store: Store, events: Sequence[NewEvent], batch: int) -> float:
     return len(events) / (time.perf_counter() - started)
 
 
-async def recreate(admin_url: str, name: str) -> str:
-    conn = await asyncpg.connect(admin_url)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    return admin_url.rsplit("/", 1)[0] + f"/{name}"
-
-
-async def drop(admin_url: str, name: str) -> None:
-    conn = await asyncpg.connect(admin_url)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
-
-
 async def once(url: str, events: Sequence[NewEvent], batch: int) -> tuple[float, float]:
     async with create_store(url) as store:
         new = await phase(store, events, batch)
@@ -87,11 +70,11 @@ async def measure(args: argparse.Namespace) -> int:
                 with tempfile.TemporaryDirectory() as tmp:
                     results.append(await once(f"sqlite:///{tmp}/bench.db", events, args.batch))
             elif engine == "postgresql":
-                url = await recreate(args.pg_admin_url, args.pg_database)
+                url = await recreate_database(args.pg_admin_url, args.pg_database)
                 try:
                     results.append(await once(url, events, args.batch))
                 finally:
-                    await drop(args.pg_admin_url, args.pg_database)
+                    await drop_database(args.pg_admin_url, args.pg_database)
             else:
                 print(f"unknown engine {engine!r}", file=sys.stderr)
                 return 2

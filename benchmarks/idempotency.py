@@ -57,39 +57,42 @@ import argparse
 import asyncio
 import hashlib
 import http.client
-import importlib.metadata
 import json
 import os
 import platform
 import random
-import re
 import secrets
-import shutil
-import signal
 import sqlite3
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from receive import (
+import _harness
+from _harness import (
     BUSY_WARNING_PCT,
     BenchmarkError,
     CpuMeter,
     Processes,
-    _pg_version,
-    _raise_exit,
+    Workspace,
+    add_pg_admin_url,
+    add_run_options,
+    add_wait_quiet,
+    check_common,
+    dist_version,
+    exit_on_signals,
+    find_wrk,
+    foreign_load_warning,
     free_port,
     log,
     onceonly_source,
-    pg_drop,
-    pg_recreate,
+    parser_for,
+    pg_version,
     server,
     wait_for_quiet,
+    wrk_version,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -134,28 +137,10 @@ def new_tag() -> str:
 
 
 @dataclass
-class WrkResult:
-    duration_s: float
-    requests: int  # responses received
-    non_2xx: int  # wrk counts statuses > 399; nothing here answers 1xx/3xx
-    socket_errors: dict[str, int]
-    latency_ms: dict[str, float]
-    sent: int  # requests written (request() calls, less wrk's start-up parse check)
+class WrkResult(_harness.WrkResult):
     non_201: int  # from response(): answers whose status is not 201
     replayed: int  # from response(): answers with "Idempotent-Replayed: true"
     responses: int  # from response(): should equal requests
-
-    @property
-    def rps(self) -> float:
-        return self.requests / self.duration_s if self.duration_s else 0.0
-
-    @property
-    def ok_2xx(self) -> int:
-        return self.requests - self.non_2xx
-
-    @property
-    def in_flight(self) -> int:
-        return self.sent - self.requests
 
 
 def run_wrk(
@@ -180,33 +165,11 @@ def run_wrk(
         tag,
         str(settings.keys),
     ]
-    proc = procs.start(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        out, err = proc.communicate(timeout=duration + 120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise BenchmarkError("wrk did not finish in time") from None
-    finally:
-        procs.stop(proc)
-    text = out.decode(errors="replace")
-    line = next((ln for ln in text.splitlines() if ln.startswith(RESULT_PREFIX)), None)
-    if proc.returncode != 0 or line is None:
-        raise BenchmarkError(
-            f"wrk failed (exit {proc.returncode}):\n{text}\n{err.decode(errors='replace')}"
-        )
-    data: dict[str, Any] = json.loads(line[len(RESULT_PREFIX) :])
-    errors = data["errors"]
-    per_thread: list[dict[str, Any]] = data["threads"]
+    fields, per_thread = _harness.run_wrk(
+        procs, argv, duration=duration, result_prefix=RESULT_PREFIX
+    )
     return WrkResult(
-        duration_s=data["duration_us"] / 1e6,
-        requests=data["requests"],
-        non_2xx=errors["status"],
-        socket_errors={k: errors[k] for k in ("connect", "read", "write", "timeout")},
-        latency_ms={k: v / 1000 for k, v in data["latency_us"].items()},
-        # wrk calls request() once before the run to check the script's request
-        # parses (thread 1 only); that one is never sent.
-        sent=sum(int(t["calls"]) for t in per_thread) - 1,
+        **fields,
         non_201=sum(int(t["non201"]) for t in per_thread),
         replayed=sum(int(t["replayed"]) for t in per_thread),
         responses=sum(int(t["responses"]) for t in per_thread),
@@ -426,11 +389,8 @@ def result_from(
         server_cpu_pct=cpu_server,
         other_cpu_pct=cpu_other,
     )
-    if cpu_other > BUSY_WARNING_PCT:
-        result.warnings.append(
-            f"other processes used {cpu_other:.0f}% of the machine's CPU during the "
-            "measurement: figures unreliable, run again on a quiet machine"
-        )
+    if warning := foreign_load_warning(cpu_other):
+        result.warnings.append(warning)
     for phase, phase_run in (("warm-up", warm), ("measured", run)):
         if phase_run is None:
             continue
@@ -610,30 +570,21 @@ def measure(
 
 
 def environment(settings: Settings) -> dict[str, Any]:
-    def version(dist: str) -> str | None:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
-    wrk_version = subprocess.run(
-        [settings.wrk, "-v"], capture_output=True, text=True, check=False
-    ).stdout.split("\n")[0]
     env: dict[str, Any] = {
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
-        "uvicorn": version("uvicorn"),
-        "uvloop": version("uvloop"),
-        "httptools": version("httptools"),
-        "starlette": version("starlette"),
-        "asyncpg": version("asyncpg"),
+        "uvicorn": dist_version("uvicorn"),
+        "uvloop": dist_version("uvloop"),
+        "httptools": dist_version("httptools"),
+        "starlette": dist_version("starlette"),
+        "asyncpg": dist_version("asyncpg"),
         "sqlite": sqlite3.sqlite_version,
-        "wrk": wrk_version.strip(),
+        "wrk": wrk_version(settings.wrk),
     }
     env.update(onceonly_source())
     env["onceonly_digest"] = package_digest(Path(env["onceonly_path"]))
     if "postgres" in settings.engines:
-        env["postgresql"] = asyncio.run(_pg_version(settings.pg_admin_url))
+        env["postgresql"] = asyncio.run(pg_version(settings.pg_admin_url, "--engines"))
     return env
 
 
@@ -709,18 +660,8 @@ def print_problems(results: Sequence[TargetResult], out: IO[str]) -> None:
 # Main
 
 
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The module docstring as written, and every option's default."""
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    doc = __doc__ or ""
-    parser = argparse.ArgumentParser(
-        prog="python benchmarks/idempotency.py",
-        description=doc.split("\n\n", 1)[0],
-        epilog=doc.split("\n\n", 1)[1],
-        formatter_class=_HelpFormatter,
-    )
+    parser = parser_for("python benchmarks/idempotency.py", __doc__)
     parser.add_argument("--duration", type=int, default=10, help="seconds measured per target")
     parser.add_argument(
         "--warmup",
@@ -736,25 +677,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--engines", default=",".join(ENGINES), help="comma-separated subset of sqlite,postgres"
     )
-    parser.add_argument(
-        "--pg-admin-url",
-        default=os.environ.get(
-            "ONCEONLY_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
-        ),
-        help="PostgreSQL URL used to drop and create the benchmark database "
-        "[env: ONCEONLY_BENCH_POSTGRES_URL]",
-    )
+    add_pg_admin_url(parser)
     parser.add_argument(
         "--pg-database", default="onceonly_bench_idem", help="database dropped and created"
     )
-    parser.add_argument(
-        "--wait-quiet",
-        type=int,
-        default=60,
-        metavar="SECONDS",
-        help="before each target, wait up to this long for the machine to be nearly "
-        f"idle (< {BUSY_WARNING_PCT:g}%% CPU); 0: do not wait",
-    )
+    add_wait_quiet(parser)
     parser.add_argument(
         "--retries",
         type=int,
@@ -762,12 +689,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="measure a target again (up to this many times) when other processes used "
         f"more than {BUSY_WARNING_PCT:g}%% of the machine during its measurement",
     )
-    parser.add_argument("--keep-db", action="store_true", help="keep the PostgreSQL database")
-    parser.add_argument("--keep-temp", action="store_true", help="keep the temporary directory")
-    parser.add_argument("--wrk", default="wrk", help="the wrk binary")
-    parser.add_argument(
-        "--json", action="store_true", help="print the results as JSON instead of a table"
-    )
+    add_run_options(parser)
     args = parser.parse_args(argv)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     if any(e not in ENGINES for e in engines):
@@ -785,22 +707,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             "needs --duration >= 1, --warmup >= 0, --threads >= 1, --keys >= --connections, "
             "--wait-quiet >= 0, --retries >= 0"
         )
-    if args.connections < args.threads:
-        parser.error("--connections must be >= --threads")
-    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", args.pg_database):
-        parser.error("--pg-database must be a plain lower-case identifier")
+    check_common(parser, args)
     return args
 
 
-class Run:
-    """The targets measured in one invocation, and everything to undo at exit."""
+class Run(Workspace):
+    """The targets measured in one invocation."""
 
     def __init__(self, settings: Settings, args: argparse.Namespace) -> None:
+        super().__init__("onceonly-bench-idem-", args)
         self.settings = settings
         self.args = args
-        self.procs = Processes()
-        self.workdir = Path(tempfile.mkdtemp(prefix="onceonly-bench-idem-"))
-        self.created_db = False
         self.results: list[TargetResult] = []
 
     def measure(self, target: str, engine: str, database_url: str | None) -> None:
@@ -833,8 +750,7 @@ class Run:
             if engine == "sqlite":
                 url = f"sqlite:///{self.workdir / 'onceonly.db'}"
             else:
-                self.created_db = True
-                url = pg_recreate(settings.pg_admin_url, settings.pg_database)
+                url = self.recreate_db()
                 checkpoint(settings.pg_admin_url)
             for kind in KINDS:
                 self.measure(kind, engine, url)
@@ -844,28 +760,11 @@ class Run:
             for r in self.results:
                 r.ratio_vs_bare = round(r.requests_per_s / bare.requests_per_s, 3)
 
-    def cleanup(self) -> None:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # let cleanup finish
-        try:
-            self.procs.stop_all()
-            if self.created_db and not self.args.keep_db:
-                try:
-                    pg_drop(self.settings.pg_admin_url, self.settings.pg_database)
-                except Exception as exc:
-                    log(f"warning: could not drop {self.settings.pg_database}: {exc!r}")
-            if self.args.keep_temp:
-                log(f"kept {self.workdir}")
-            else:
-                shutil.rmtree(self.workdir, ignore_errors=True)
-        finally:
-            signal.signal(signal.SIGINT, previous)
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    wrk = shutil.which(args.wrk)
+    wrk = find_wrk(args.wrk)
     if wrk is None:
-        log(f"error: {args.wrk} not found; install it (apt-get install -y wrk)")
         return 2
     settings = Settings(
         duration=args.duration,
@@ -880,8 +779,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         wait_quiet=args.wait_quiet,
         retries=args.retries,
     )
-    signal.signal(signal.SIGTERM, _raise_exit)
-    signal.signal(signal.SIGHUP, _raise_exit)
+    exit_on_signals()
 
     run = Run(settings, args)
     try:

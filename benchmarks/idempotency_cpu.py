@@ -27,10 +27,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from _harness import pg_drop, pg_recreate
 from idempotency import BODY, cycle_request, new_tag
 from idempotency_app import build
 from onceonly.asgi import ASGIApp, Message
-from receive import pg_drop, pg_recreate
 
 
 def _process_and_loop_cpu() -> tuple[float, float]:

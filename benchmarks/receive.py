@@ -45,30 +45,42 @@ import argparse
 import asyncio
 import hashlib
 import hmac
-import http.client
-import importlib.metadata
 import json
 import math
 import os
 import platform
-import re
-import resource
 import secrets
-import shutil
-import signal
-import socket
 import sqlite3
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import IO, Any
-from urllib.parse import urlsplit, urlunsplit
+
+import _harness
+from _harness import (
+    BenchmarkError,
+    CpuMeter,
+    Processes,
+    Workspace,
+    add_pg_admin_url,
+    add_run_options,
+    add_wait_quiet,
+    check_common,
+    dist_version,
+    exit_on_signals,
+    find_wrk,
+    foreign_load_warning,
+    free_port,
+    log,
+    onceonly_source,
+    parser_for,
+    pg_version,
+    server,
+    wait_for_quiet,
+    wrk_version,
+)
 
 HERE = Path(__file__).resolve().parent
 LUA_SCRIPT = HERE / "receive.lua"
@@ -79,7 +91,6 @@ TARGETS = ("bare", "sqlite", "postgres")
 GOAL_RATIO = 0.50
 GOAL_P99_MS = 25.0
 STRIPE_TOLERANCE_S = 300
-BUSY_WARNING_PCT = 10.0
 RESULT_PREFIX = "RECEIVE_RESULT "
 
 # A payment_intent.succeeded event as Stripe sends it (compact: one line per
@@ -111,14 +122,6 @@ _EVENT = {
     "type": "payment_intent.succeeded",
 }
 BODY_TEMPLATE = json.dumps(_EVENT, separators=(",", ":")).replace('"%(created)s"', "%(created)d")
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-class BenchmarkError(Exception):
-    """The benchmark could not run (as opposed to a failed check)."""
 
 
 # ---------------------------------------------------------------------------
@@ -168,251 +171,12 @@ def write_requests(path: Path, count: int, secret: str) -> RequestsFile:
 
 
 # ---------------------------------------------------------------------------
-# Processes
-
-
-class Processes:
-    """Every child this script starts, so that all of them end with it."""
-
-    def __init__(self) -> None:
-        self.live: list[subprocess.Popen[bytes]] = []
-
-    def start(
-        self,
-        argv: Sequence[str],
-        *,
-        env: dict[str, str] | None = None,
-        cwd: Path | None = None,
-        stdout: IO[bytes] | int | None = None,
-        stderr: IO[bytes] | int | None = None,
-    ) -> subprocess.Popen[bytes]:
-        # Own session: a Ctrl-C in the terminal reaches only this script, which
-        # then stops the children itself, in order.
-        proc = subprocess.Popen(
-            list(argv),
-            env=env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=stdout,
-            stderr=stderr,
-            start_new_session=True,
-        )
-        self.live.append(proc)
-        return proc
-
-    def stop(self, proc: subprocess.Popen[bytes], *, grace: float = 15.0) -> None:
-        """SIGINT (uvicorn's graceful shutdown), then SIGKILL after `grace` seconds."""
-        if proc.poll() is None:
-            try:
-                proc.send_signal(signal.SIGINT)
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if proc in self.live:
-            self.live.remove(proc)
-
-    def stop_all(self) -> None:
-        for proc in list(self.live):
-            self.stop(proc, grace=5.0)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def http_status(port: int, method: str, path: str, body: bytes | None = None) -> int | None:
-    try:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-        try:
-            headers = {"content-type": "application/json"} if body is not None else {}
-            conn.request(method, path, body=body, headers=headers)
-            return conn.getresponse().status
-        finally:
-            conn.close()
-    except OSError:
-        return None
-
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _machine_ticks() -> tuple[int, int]:
-    """(busy, total) CPU ticks of the whole machine; steal counts as neither."""
-    with open("/proc/stat") as stat:
-        fields = [int(x) for x in stat.readline().split()[1:9]]
-    user, nice, system, idle, iowait, irq, softirq, _steal = fields
-    busy = user + nice + system + irq + softirq
-    return busy, busy + idle + iowait
-
-
-def _process_ticks(pid: int) -> int:
-    """utime + stime of a process (all its threads), 0 if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rpartition(")")[2].split()
-    except OSError:
-        return 0
-    return int(fields[11]) + int(fields[12])
-
-
-def _postgres_ticks() -> int:
-    total = 0
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/comm") as comm:
-                    if comm.read().strip() != "postgres":
-                        continue
-            except OSError:
-                continue
-            total += _process_ticks(int(entry.name))
-    return total
-
-
-def _own_ticks() -> float:
-    """CPU of this script and of its reaped children (wrk), in ticks."""
-    ours = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    seconds = ours.ru_utime + ours.ru_stime + children.ru_utime + children.ru_stime
-    return seconds * CLOCK_TICKS
-
-
-def machine_busy_pct(seconds: float = 1.0) -> float:
-    busy0, total0 = _machine_ticks()
-    time.sleep(seconds)
-    busy1, total1 = _machine_ticks()
-    return 100 * (busy1 - busy0) / max(1, total1 - total0)
-
-
-def wait_for_quiet(limit: float) -> None:
-    """Wait up to `limit` seconds until the machine is nearly idle (another test
-    suite running alongside would skew the figures)."""
-    deadline = time.monotonic() + limit
-    busy = machine_busy_pct()
-    if busy < BUSY_WARNING_PCT:
-        return
-    log(f"machine busy ({busy:.0f}% CPU); waiting up to {limit:.0f} s for it to calm down")
-    while time.monotonic() < deadline:
-        busy = machine_busy_pct()
-        if busy < BUSY_WARNING_PCT:
-            return
-    log(f"still {busy:.0f}% busy; measuring anyway")
-
-
-@dataclass
-class CpuUse:
-    server_pct: float  # the server process, % of one core
-    other_pct: float  # processes that are not part of the benchmark, % of the machine
-
-
-class CpuMeter:
-    """Who used the CPU while wrk ran: the server, and anything foreign.
-
-    Foreign load (another test suite, a build) on a 2-core machine moves the
-    figures a lot; it is measured so that a disturbed run can be told apart.
-    Ours are the server, wrk and this script (reaped children), and PostgreSQL's
-    processes (part of the system under test on the postgres target).
-    """
-
-    def __init__(self, server_pid: int) -> None:
-        self.pid = server_pid
-        self.start = time.monotonic()
-        self.machine = _machine_ticks()
-        self.server = _process_ticks(server_pid)
-        self.postgres = _postgres_ticks()
-        self.own = _own_ticks()
-
-    def stop(self) -> CpuUse:
-        elapsed = time.monotonic() - self.start
-        busy, total = _machine_ticks()
-        server = _process_ticks(self.pid) - self.server
-        postgres = _postgres_ticks() - self.postgres
-        own = _own_ticks() - self.own
-        foreign = (busy - self.machine[0]) - server - postgres - own
-        return CpuUse(
-            server_pct=round(100 * server / CLOCK_TICKS / elapsed, 1),
-            other_pct=round(max(0.0, 100 * foreign / max(1, total - self.machine[1])), 1),
-        )
-
-
-@dataclass
-class Server:
-    name: str
-    proc: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-
-@contextmanager
-def server(
-    procs: Processes,
-    name: str,
-    argv: Sequence[str],
-    *,
-    port: int,
-    env: dict[str, str],
-    cwd: Path,
-    ready: tuple[str, str, bytes | None],
-    timeout: float = 30.0,
-) -> Iterator[Server]:
-    log_path = cwd / f"{name}.log"
-    with log_path.open("wb") as log_file:
-        proc = procs.start(argv, env=env, cwd=cwd, stdout=log_file, stderr=subprocess.STDOUT)
-    srv = Server(name, proc, port, log_path)
-    try:
-        method, path, body = ready
-        deadline = time.monotonic() + timeout
-        while http_status(port, method, path, body) != 200:
-            if proc.poll() is not None:
-                raise BenchmarkError(
-                    f"{name} server exited with {proc.returncode}:\n{srv.log_tail()}"
-                )
-            if time.monotonic() > deadline:
-                raise BenchmarkError(
-                    f"{name} server not ready after {timeout} s:\n{srv.log_tail()}"
-                )
-            time.sleep(0.1)
-        yield srv
-    finally:
-        procs.stop(proc)
-
-
-# ---------------------------------------------------------------------------
 # wrk
 
 
 @dataclass
-class WrkResult:
-    duration_s: float
-    requests: int  # responses received
-    non_2xx: int  # wrk counts statuses > 399; nothing here answers 1xx/3xx
-    socket_errors: dict[str, int]
-    latency_ms: dict[str, float]
-    sent: int  # requests written (request() calls, less wrk's start-up parse check)
+class WrkResult(_harness.WrkResult):
     wraps: int  # times a thread ran out of its slice and began resending events
-
-    @property
-    def rps(self) -> float:
-        return self.requests / self.duration_s if self.duration_s else 0.0
-
-    @property
-    def ok_2xx(self) -> int:
-        return self.requests - self.non_2xx
-
-    @property
-    def in_flight(self) -> int:
-        return self.sent - self.requests
 
 
 def run_wrk(
@@ -441,87 +205,14 @@ def run_wrk(
         str(last),
         str(threads),
     ]
-    proc = procs.start(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        out, err = proc.communicate(timeout=duration + 120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise BenchmarkError("wrk did not finish in time") from None
-    finally:
-        procs.stop(proc)
-    text = out.decode(errors="replace")
-    line = next((ln for ln in text.splitlines() if ln.startswith(RESULT_PREFIX)), None)
-    if proc.returncode != 0 or line is None:
-        raise BenchmarkError(
-            f"wrk failed (exit {proc.returncode}):\n{text}\n{err.decode(errors='replace')}"
-        )
-    data: dict[str, Any] = json.loads(line[len(RESULT_PREFIX) :])
-    errors = data["errors"]
-    per_thread: list[dict[str, int]] = data["threads"]
-    return WrkResult(
-        duration_s=data["duration_us"] / 1e6,
-        requests=data["requests"],
-        non_2xx=errors["status"],
-        socket_errors={k: errors[k] for k in ("connect", "read", "write", "timeout")},
-        latency_ms={k: v / 1000 for k, v in data["latency_us"].items()},
-        # wrk calls request() once before the run to check the script's request
-        # parses (thread 1 only); that one is never sent.
-        sent=sum(t["calls"] for t in per_thread) - 1,
-        wraps=sum(t["wraps"] for t in per_thread),
+    fields, per_thread = _harness.run_wrk(
+        procs, argv, duration=duration, result_prefix=RESULT_PREFIX
     )
+    return WrkResult(**fields, wraps=sum(int(t["wraps"]) for t in per_thread))
 
 
 # ---------------------------------------------------------------------------
 # Databases
-
-
-def pg_url_for(admin_url: str, database: str) -> str:
-    return urlunsplit(urlsplit(admin_url)._replace(path=f"/{database}"))
-
-
-async def _pg_admin(admin_url: str, statements: Sequence[str]) -> None:
-    import asyncpg
-
-    try:
-        conn = await asyncpg.connect(admin_url, timeout=5)
-        try:
-            for statement in statements:
-                await conn.execute(statement)
-        finally:
-            await conn.close()
-    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-        raise BenchmarkError(f"PostgreSQL at {admin_url}: {exc!r}") from exc
-
-
-def pg_recreate(admin_url: str, database: str) -> str:
-    asyncio.run(
-        _pg_admin(
-            admin_url,
-            [f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)', f'CREATE DATABASE "{database}"'],
-        )
-    )
-    return pg_url_for(admin_url, database)
-
-
-def pg_drop(admin_url: str, database: str) -> None:
-    asyncio.run(_pg_admin(admin_url, [f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)']))
-
-
-async def _pg_version(admin_url: str) -> str:
-    import asyncpg
-
-    try:
-        conn = await asyncpg.connect(admin_url, timeout=5)
-        try:
-            return str(await conn.fetchval("SHOW server_version"))
-        finally:
-            await conn.close()
-    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-        raise BenchmarkError(
-            f"PostgreSQL not reachable at {admin_url} ({exc!r}); start it, pass "
-            "--pg-admin-url, or leave postgres out of --targets"
-        ) from exc
 
 
 _COUNT_RANGE = (
@@ -721,11 +412,8 @@ def measure(
         server_cpu_pct=cpu.server_pct,
         other_cpu_pct=cpu.other_pct,
     )
-    if cpu.other_pct > BUSY_WARNING_PCT:
-        result.warnings.append(
-            f"other processes used {cpu.other_pct:.0f}% of the machine's CPU during the "
-            "measurement: figures unreliable, run again on a quiet machine"
-        )
+    if warning := foreign_load_warning(cpu.other_pct):
+        result.warnings.append(warning)
     for phase, phase_run in (("warm-up", warm), ("measured", run)):
         if phase_run is None:
             continue
@@ -756,56 +444,22 @@ def measure(
 
 
 def environment(settings: Settings, targets: Sequence[str]) -> dict[str, Any]:
-    def version(dist: str) -> str | None:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
-    wrk_version = subprocess.run(
-        [settings.wrk, "-v"], capture_output=True, text=True, check=False
-    ).stdout.split("\n")[0]
     env: dict[str, Any] = {
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
-        "onceonly": version("onceonly"),
-        "uvicorn": version("uvicorn"),
-        "uvloop": version("uvloop"),
-        "httptools": version("httptools"),
-        "starlette": version("starlette"),
+        "onceonly": dist_version("onceonly"),
+        "uvicorn": dist_version("uvicorn"),
+        "uvloop": dist_version("uvloop"),
+        "httptools": dist_version("httptools"),
+        "starlette": dist_version("starlette"),
         "sqlite": sqlite3.sqlite_version,
-        "wrk": wrk_version.strip(),
+        "wrk": wrk_version(settings.wrk),
     }
     if "sqlite" in targets or "postgres" in targets:
         env.update(onceonly_source())
     if "postgres" in targets:
-        env["postgresql"] = asyncio.run(_pg_version(settings.pg_admin_url))
+        env["postgresql"] = asyncio.run(pg_version(settings.pg_admin_url))
     return env
-
-
-def onceonly_source() -> dict[str, str | None]:
-    """Which onceonly the servers will import (PYTHONPATH can point elsewhere), and
-    its git revision: the code under test may change between runs."""
-    found = subprocess.run(
-        [sys.executable, "-c", "import onceonly; print(onceonly.__file__)"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if found.returncode != 0:
-        raise BenchmarkError(f"cannot import onceonly:\n{found.stderr}")
-    package = Path(found.stdout.strip()).parent
-    try:
-        git = subprocess.run(
-            ["git", "-C", str(package), "describe", "--always", "--dirty", "--exclude", "*"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        revision = git.stdout.strip() if git.returncode == 0 else None
-    except OSError:  # no git
-        revision = None
-    return {"onceonly_path": str(package), "onceonly_git": revision}
 
 
 def print_table(results: Sequence[TargetResult], settings: Settings, env: dict[str, Any]) -> None:
@@ -865,18 +519,8 @@ def print_problems(results: Sequence[TargetResult], out: IO[str]) -> None:
 # Main
 
 
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The module docstring as written, and every option's default."""
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    doc = __doc__ or ""
-    parser = argparse.ArgumentParser(
-        prog="python benchmarks/receive.py",
-        description=doc.split("\n\n", 1)[0],
-        epilog=doc.split("\n\n", 1)[1],
-        formatter_class=_HelpFormatter,
-    )
+    parser = parser_for("python benchmarks/receive.py", __doc__)
     parser.add_argument("--duration", type=int, default=10, help="seconds measured per target")
     parser.add_argument(
         "--warmup", type=int, default=2, help="seconds of load before each measurement (0: none)"
@@ -897,33 +541,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="signed events to prepare; 0: 25,000 per second of warm-up and "
         "measurement, at least 300,000",
     )
-    parser.add_argument(
-        "--pg-admin-url",
-        default=os.environ.get(
-            "ONCEONLY_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
-        ),
-        help="PostgreSQL URL used to drop and create the benchmark database "
-        "[env: ONCEONLY_BENCH_POSTGRES_URL]",
-    )
+    add_pg_admin_url(parser)
     parser.add_argument(
         "--pg-database",
         default="onceonly_bench",
         help="database dropped and created for the run",
     )
-    parser.add_argument(
-        "--wait-quiet",
-        type=int,
-        default=60,
-        metavar="SECONDS",
-        help="before each target, wait up to this long for the machine to be nearly "
-        f"idle (< {BUSY_WARNING_PCT:g}%% CPU); 0: do not wait",
-    )
-    parser.add_argument("--keep-db", action="store_true", help="keep the PostgreSQL database")
-    parser.add_argument("--keep-temp", action="store_true", help="keep the temporary directory")
-    parser.add_argument("--wrk", default="wrk", help="the wrk binary")
-    parser.add_argument(
-        "--json", action="store_true", help="print the results as JSON instead of a table"
-    )
+    add_wait_quiet(parser)
+    add_run_options(parser)
     args = parser.parse_args(argv)
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     if not targets or any(t not in TARGETS for t in targets):
@@ -939,26 +564,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(
             "needs --duration >= 1, --warmup >= 0, --threads >= 1, --events, --wait-quiet >= 0"
         )
-    if args.connections < args.threads:
-        parser.error("--connections must be >= --threads")
-    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", args.pg_database):
-        parser.error("--pg-database must be a plain lower-case identifier")
+    check_common(parser, args)
     return args
 
 
-def _raise_exit(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)
-
-
-class Run:
-    """The targets measured in one invocation, and everything to undo at exit."""
+class Run(Workspace):
+    """The targets measured in one invocation."""
 
     def __init__(self, settings: Settings, args: argparse.Namespace) -> None:
+        super().__init__("onceonly-bench-", args)
         self.settings = settings
         self.args = args
-        self.procs = Processes()
-        self.workdir = Path(tempfile.mkdtemp(prefix="onceonly-bench-"))
-        self.created_db = False
         self.results: list[TargetResult] = []
 
     def measure_all(self) -> None:
@@ -978,8 +594,7 @@ class Run:
             if target == "sqlite":
                 database_url = f"sqlite:///{self.workdir / 'onceonly.db'}"
             elif target == "postgres":
-                self.created_db = True
-                database_url = pg_recreate(settings.pg_admin_url, settings.pg_database)
+                database_url = self.recreate_db()
             self.results.append(
                 measure(self.procs, settings, target, self.workdir, requests, database_url)
             )
@@ -988,28 +603,11 @@ class Run:
             for r in self.results:
                 r.ratio_vs_bare = round(r.requests_per_s / bare.requests_per_s, 3)
 
-    def cleanup(self) -> None:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # let cleanup finish
-        try:
-            self.procs.stop_all()
-            if self.created_db and not self.args.keep_db:
-                try:
-                    pg_drop(self.settings.pg_admin_url, self.settings.pg_database)
-                except Exception as exc:
-                    log(f"warning: could not drop {self.settings.pg_database}: {exc!r}")
-            if self.args.keep_temp:
-                log(f"kept {self.workdir}")
-            else:
-                shutil.rmtree(self.workdir, ignore_errors=True)
-        finally:
-            signal.signal(signal.SIGINT, previous)
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    wrk = shutil.which(args.wrk)
+    wrk = find_wrk(args.wrk)
     if wrk is None:
-        log(f"error: {args.wrk} not found; install it (apt-get install -y wrk)")
         return 2
     settings = Settings(
         duration=args.duration,
@@ -1022,8 +620,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pg_database=args.pg_database,
         wait_quiet=args.wait_quiet,
     )
-    signal.signal(signal.SIGTERM, _raise_exit)
-    signal.signal(signal.SIGHUP, _raise_exit)
+    exit_on_signals()
 
     run = Run(settings, args)
     try:

@@ -26,29 +26,17 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
-
+from _harness import recreate_database
 from onceonly import Event, NewEvent, Onceonly, create_store
 from onceonly.context import Context
 from onceonly.worker import Worker
 
 
-async def _fresh_postgres(admin_url: str, name: str) -> str:
-    conn = await asyncpg.connect(admin_url)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    return urlunsplit(urlsplit(admin_url)._replace(path=f"/{name}"))
-
-
 def fresh_url(engine: str, admin_url: str, tmp: Path, tag: str) -> str:
     if engine == "sqlite":
         return f"sqlite:///{tmp / f'{tag}.db'}"
-    return asyncio.run(_fresh_postgres(admin_url, f"onceonly_bench_worker_{tag}"))
+    return asyncio.run(recreate_database(admin_url, f"onceonly_bench_worker_{tag}"))
 
 
 async def _insert(url: str, n: int) -> None:

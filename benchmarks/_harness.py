@@ -1,0 +1,555 @@
+"""What the wrk benchmarks (receive.py, idempotency.py) share: child processes,
+machine-quiet waiting and CPU accounting, server start and stop, running wrk and
+reading its result line, the benchmark PostgreSQL database, the command-line
+options both take, and the clean-up at exit.
+
+Also the database helpers of the in-process benchmarks (worker.py, duplicates.py,
+idempotency_cpu.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import importlib.metadata
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Coroutine, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+BUSY_WARNING_PCT = 10.0
+_T = TypeVar("_T")
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class BenchmarkError(Exception):
+    """The benchmark could not run (as opposed to a failed check)."""
+
+
+# ---------------------------------------------------------------------------
+# Processes
+
+
+class Processes:
+    """Every child this script starts, so that all of them end with it."""
+
+    def __init__(self) -> None:
+        self.live: list[subprocess.Popen[bytes]] = []
+
+    def start(
+        self,
+        argv: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        stdout: IO[bytes] | int | None = None,
+        stderr: IO[bytes] | int | None = None,
+    ) -> subprocess.Popen[bytes]:
+        # Own session: a Ctrl-C in the terminal reaches only this script, which
+        # then stops the children itself, in order.
+        proc = subprocess.Popen(
+            list(argv),
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            start_new_session=True,
+        )
+        self.live.append(proc)
+        return proc
+
+    def stop(self, proc: subprocess.Popen[bytes], *, grace: float = 15.0) -> None:
+        """SIGINT (uvicorn's graceful shutdown), then SIGKILL after `grace` seconds."""
+        if proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc in self.live:
+            self.live.remove(proc)
+
+    def stop_all(self) -> None:
+        for proc in list(self.live):
+            self.stop(proc, grace=5.0)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def http_status(port: int, method: str, path: str, body: bytes | None = None) -> int | None:
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        try:
+            headers = {"content-type": "application/json"} if body is not None else {}
+            conn.request(method, path, body=body, headers=headers)
+            return conn.getresponse().status
+        finally:
+            conn.close()
+    except OSError:
+        return None
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _machine_ticks() -> tuple[int, int]:
+    """(busy, total) CPU ticks of the whole machine; steal counts as neither."""
+    with open("/proc/stat") as stat:
+        fields = [int(x) for x in stat.readline().split()[1:9]]
+    user, nice, system, idle, iowait, irq, softirq, _steal = fields
+    busy = user + nice + system + irq + softirq
+    return busy, busy + idle + iowait
+
+
+def _process_ticks(pid: int) -> int:
+    """utime + stime of a process (all its threads), 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
+def _postgres_ticks() -> int:
+    total = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/comm") as comm:
+                    if comm.read().strip() != "postgres":
+                        continue
+            except OSError:
+                continue
+            total += _process_ticks(int(entry.name))
+    return total
+
+
+def _own_ticks() -> float:
+    """CPU of this script and of its reaped children (wrk), in ticks."""
+    ours = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    seconds = ours.ru_utime + ours.ru_stime + children.ru_utime + children.ru_stime
+    return seconds * CLOCK_TICKS
+
+
+def machine_busy_pct(seconds: float = 1.0) -> float:
+    busy0, total0 = _machine_ticks()
+    time.sleep(seconds)
+    busy1, total1 = _machine_ticks()
+    return 100 * (busy1 - busy0) / max(1, total1 - total0)
+
+
+def wait_for_quiet(limit: float) -> None:
+    """Wait up to `limit` seconds until the machine is nearly idle (another test
+    suite running alongside would skew the figures)."""
+    deadline = time.monotonic() + limit
+    busy = machine_busy_pct()
+    if busy < BUSY_WARNING_PCT:
+        return
+    log(f"machine busy ({busy:.0f}% CPU); waiting up to {limit:.0f} s for it to calm down")
+    while time.monotonic() < deadline:
+        busy = machine_busy_pct()
+        if busy < BUSY_WARNING_PCT:
+            return
+    log(f"still {busy:.0f}% busy; measuring anyway")
+
+
+@dataclass
+class CpuUse:
+    server_pct: float  # the server process, % of one core
+    other_pct: float  # processes that are not part of the benchmark, % of the machine
+
+
+class CpuMeter:
+    """Who used the CPU while wrk ran: the server, and anything foreign.
+
+    Foreign load (another test suite, a build) on a 2-core machine moves the
+    figures a lot; it is measured so that a disturbed run can be told apart.
+    Ours are the server, wrk and this script (reaped children), and PostgreSQL's
+    processes (part of the system under test on the postgres target).
+    """
+
+    def __init__(self, server_pid: int) -> None:
+        self.pid = server_pid
+        self.start = time.monotonic()
+        self.machine = _machine_ticks()
+        self.server = _process_ticks(server_pid)
+        self.postgres = _postgres_ticks()
+        self.own = _own_ticks()
+
+    def stop(self) -> CpuUse:
+        elapsed = time.monotonic() - self.start
+        busy, total = _machine_ticks()
+        server = _process_ticks(self.pid) - self.server
+        postgres = _postgres_ticks() - self.postgres
+        own = _own_ticks() - self.own
+        foreign = (busy - self.machine[0]) - server - postgres - own
+        return CpuUse(
+            server_pct=round(100 * server / CLOCK_TICKS / elapsed, 1),
+            other_pct=round(max(0.0, 100 * foreign / max(1, total - self.machine[1])), 1),
+        )
+
+
+@dataclass
+class Server:
+    name: str
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@contextmanager
+def server(
+    procs: Processes,
+    name: str,
+    argv: Sequence[str],
+    *,
+    port: int,
+    env: dict[str, str],
+    cwd: Path,
+    ready: tuple[str, str, bytes | None],
+    timeout: float = 30.0,
+) -> Iterator[Server]:
+    log_path = cwd / f"{name}.log"
+    with log_path.open("wb") as log_file:
+        proc = procs.start(argv, env=env, cwd=cwd, stdout=log_file, stderr=subprocess.STDOUT)
+    srv = Server(name, proc, port, log_path)
+    try:
+        method, path, body = ready
+        deadline = time.monotonic() + timeout
+        while http_status(port, method, path, body) != 200:
+            if proc.poll() is not None:
+                raise BenchmarkError(
+                    f"{name} server exited with {proc.returncode}:\n{srv.log_tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise BenchmarkError(
+                    f"{name} server not ready after {timeout} s:\n{srv.log_tail()}"
+                )
+            time.sleep(0.1)
+        yield srv
+    finally:
+        procs.stop(proc)
+
+
+# ---------------------------------------------------------------------------
+# wrk
+
+
+@dataclass
+class WrkResult:
+    """What every benchmark's Lua script reports; scripts add their own counters."""
+
+    duration_s: float
+    requests: int  # responses received
+    non_2xx: int  # wrk counts statuses > 399; nothing here answers 1xx/3xx
+    socket_errors: dict[str, int]
+    latency_ms: dict[str, float]
+    sent: int  # requests written (request() calls, less wrk's start-up parse check)
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.duration_s if self.duration_s else 0.0
+
+    @property
+    def ok_2xx(self) -> int:
+        return self.requests - self.non_2xx
+
+    @property
+    def in_flight(self) -> int:
+        return self.sent - self.requests
+
+
+def run_wrk(
+    procs: Processes, argv: Sequence[str], *, duration: int, result_prefix: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run wrk and read the JSON line its Lua script prints after `result_prefix`:
+    the WrkResult fields, and the script's per-thread counters."""
+    proc = procs.start(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=duration + 120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise BenchmarkError("wrk did not finish in time") from None
+    finally:
+        procs.stop(proc)
+    text = out.decode(errors="replace")
+    line = next((ln for ln in text.splitlines() if ln.startswith(result_prefix)), None)
+    if proc.returncode != 0 or line is None:
+        raise BenchmarkError(
+            f"wrk failed (exit {proc.returncode}):\n{text}\n{err.decode(errors='replace')}"
+        )
+    data: dict[str, Any] = json.loads(line[len(result_prefix) :])
+    errors = data["errors"]
+    per_thread: list[dict[str, Any]] = data["threads"]
+    fields = {
+        "duration_s": data["duration_us"] / 1e6,
+        "requests": data["requests"],
+        "non_2xx": errors["status"],
+        "socket_errors": {k: errors[k] for k in ("connect", "read", "write", "timeout")},
+        "latency_ms": {k: v / 1000 for k, v in data["latency_us"].items()},
+        # wrk calls request() once before the run to check the script's request
+        # parses (thread 1 only); that one is never sent.
+        "sent": sum(int(t["calls"]) for t in per_thread) - 1,
+    }
+    return fields, per_thread
+
+
+def foreign_load_warning(other_pct: float) -> str | None:
+    if other_pct <= BUSY_WARNING_PCT:
+        return None
+    return (
+        f"other processes used {other_pct:.0f}% of the machine's CPU during the "
+        "measurement: figures unreliable, run again on a quiet machine"
+    )
+
+
+# ---------------------------------------------------------------------------
+# Databases
+
+
+def pg_url_for(admin_url: str, database: str) -> str:
+    return urlunsplit(urlsplit(admin_url)._replace(path=f"/{database}"))
+
+
+async def _execute(admin_url: str, statements: Sequence[str], connect_timeout: float) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(admin_url, timeout=connect_timeout)
+    try:
+        for statement in statements:
+            await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+async def recreate_database(admin_url: str, database: str, *, connect_timeout: float = 60) -> str:
+    """Drop and create `database`; its URL. Errors are asyncpg's, for the
+    benchmarks that run in an event loop; pg_recreate() is the synchronous one."""
+    drop, create = (
+        f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)',
+        f'CREATE DATABASE "{database}"',
+    )
+    await _execute(admin_url, [drop, create], connect_timeout)
+    return pg_url_for(admin_url, database)
+
+
+async def drop_database(admin_url: str, database: str, *, connect_timeout: float = 60) -> None:
+    await _execute(
+        admin_url, [f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'], connect_timeout
+    )
+
+
+def _admin(admin_url: str, work: Coroutine[Any, Any, _T]) -> _T:
+    import asyncpg
+
+    try:
+        return asyncio.run(work)
+    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+        raise BenchmarkError(f"PostgreSQL at {admin_url}: {exc!r}") from exc
+
+
+def pg_recreate(admin_url: str, database: str) -> str:
+    return _admin(admin_url, recreate_database(admin_url, database, connect_timeout=5))
+
+
+def pg_drop(admin_url: str, database: str) -> None:
+    _admin(admin_url, drop_database(admin_url, database, connect_timeout=5))
+
+
+async def pg_version(admin_url: str, option: str = "--targets") -> str:
+    """The server's version; `option` is the one that leaves PostgreSQL out."""
+    import asyncpg
+
+    try:
+        conn = await asyncpg.connect(admin_url, timeout=5)
+        try:
+            return str(await conn.fetchval("SHOW server_version"))
+        finally:
+            await conn.close()
+    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+        raise BenchmarkError(
+            f"PostgreSQL not reachable at {admin_url} ({exc!r}); start it, pass "
+            f"--pg-admin-url, or leave postgres out of {option}"
+        ) from exc
+
+
+# ---------------------------------------------------------------------------
+# Environment
+
+
+def dist_version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def wrk_version(wrk: str) -> str:
+    first = subprocess.run([wrk, "-v"], capture_output=True, text=True, check=False).stdout
+    return first.split("\n")[0].strip()
+
+
+def onceonly_source() -> dict[str, str | None]:
+    """Which onceonly the servers will import (PYTHONPATH can point elsewhere), and
+    its git revision: the code under test may change between runs."""
+    found = subprocess.run(
+        [sys.executable, "-c", "import onceonly; print(onceonly.__file__)"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if found.returncode != 0:
+        raise BenchmarkError(f"cannot import onceonly:\n{found.stderr}")
+    package = Path(found.stdout.strip()).parent
+    try:
+        git = subprocess.run(
+            ["git", "-C", str(package), "describe", "--always", "--dirty", "--exclude", "*"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        revision = git.stdout.strip() if git.returncode == 0 else None
+    except OSError:  # no git
+        revision = None
+    return {"onceonly_path": str(package), "onceonly_git": revision}
+
+
+# ---------------------------------------------------------------------------
+# Command line and run
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every option's default."""
+
+
+def parser_for(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """A parser whose help is the script's docstring (`doc`)."""
+    summary, _, rest = (doc or "").partition("\n\n")
+    return argparse.ArgumentParser(
+        prog=prog, description=summary, epilog=rest, formatter_class=HelpFormatter
+    )
+
+
+def add_pg_admin_url(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--pg-admin-url",
+        default=os.environ.get(
+            "ONCEONLY_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+        ),
+        help="PostgreSQL URL used to drop and create the benchmark database "
+        "[env: ONCEONLY_BENCH_POSTGRES_URL]",
+    )
+
+
+def add_wait_quiet(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wait-quiet",
+        type=int,
+        default=60,
+        metavar="SECONDS",
+        help="before each target, wait up to this long for the machine to be nearly "
+        f"idle (< {BUSY_WARNING_PCT:g}%% CPU); 0: do not wait",
+    )
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """--keep-db, --keep-temp, --wrk, --json."""
+    parser.add_argument("--keep-db", action="store_true", help="keep the PostgreSQL database")
+    parser.add_argument("--keep-temp", action="store_true", help="keep the temporary directory")
+    parser.add_argument("--wrk", default="wrk", help="the wrk binary")
+    parser.add_argument(
+        "--json", action="store_true", help="print the results as JSON instead of a table"
+    )
+
+
+def check_common(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.connections < args.threads:
+        parser.error("--connections must be >= --threads")
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", args.pg_database):
+        parser.error("--pg-database must be a plain lower-case identifier")
+
+
+def find_wrk(name: str) -> str | None:
+    wrk = shutil.which(name)
+    if wrk is None:
+        log(f"error: {name} not found; install it (apt-get install -y wrk)")
+    return wrk
+
+
+def _raise_exit(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def exit_on_signals() -> None:
+    """SIGTERM and SIGHUP unwind like Ctrl-C does, through the clean-up."""
+    signal.signal(signal.SIGTERM, _raise_exit)
+    signal.signal(signal.SIGHUP, _raise_exit)
+
+
+class Workspace:
+    """The children, temporary directory and PostgreSQL database of one
+    invocation: everything to undo at exit."""
+
+    def __init__(self, prefix: str, args: argparse.Namespace) -> None:
+        self.procs = Processes()
+        self.workdir = Path(tempfile.mkdtemp(prefix=prefix))
+        self.pg_admin_url: str = args.pg_admin_url
+        self.pg_database: str = args.pg_database
+        self.keep_db: bool = args.keep_db
+        self.keep_temp: bool = args.keep_temp
+        self.created_db = False
+
+    def recreate_db(self) -> str:
+        self.created_db = True
+        return pg_recreate(self.pg_admin_url, self.pg_database)
+
+    def cleanup(self) -> None:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # let cleanup finish
+        try:
+            self.procs.stop_all()
+            if self.created_db and not self.keep_db:
+                try:
+                    pg_drop(self.pg_admin_url, self.pg_database)
+                except Exception as exc:
+                    log(f"warning: could not drop {self.pg_database}: {exc!r}")
+            if self.keep_temp:
+                log(f"kept {self.workdir}")
+            else:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+        finally:
+            signal.signal(signal.SIGINT, previous)
