@@ -19,12 +19,14 @@ are masked in messages and in the ``httpx`` logger's lines.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Self
 from urllib.parse import parse_qs
 
 from .._exceptions import ApiError, ConfigurationError, NotFetchable
 from ..events import Event
 from ..providers.base import env_name
+from ..providers.pagbank import object_kind
 from .base import (
     EXCERPT_CHARS,
     ApiClient,
@@ -38,7 +40,6 @@ from .base import (
 
 __all__ = ["PagBankClient", "parse_transaction_xml"]
 
-_PREFIXES = {"ORDE_": "order", "CHAR_": "charge"}
 _PATHS = {"order": "/orders/{}", "charge": "/charges/{}"}
 # The XML answer of the legacy API: a few kilobytes. Anything far larger is
 # not a transaction.
@@ -79,15 +80,6 @@ def parse_transaction_xml(content: bytes) -> dict[str, Any]:
         raise ValueError(f"root element is <{root.tag}>, not <transaction>")
     value = _element_value(root)
     return value if isinstance(value, dict) else {}
-
-
-def _own_kind(object_id: Any, body: dict[str, Any]) -> str | None:
-    """``order`` or ``charge``: what a current-API notification body is."""
-    if isinstance(object_id, str):
-        for prefix, kind in _PREFIXES.items():
-            if object_id.startswith(prefix):
-                return kind
-    return "order" if isinstance(body.get("charges"), list) else None
 
 
 def _form(event: Event) -> dict[str, list[str]]:
@@ -131,7 +123,7 @@ class PagBankClient(ApiClient):
             )
 
     @classmethod
-    def from_environ(cls, environ: Any, route: str) -> PagBankClient | None:
+    def from_environ(cls, environ: Mapping[str, str], route: str) -> Self | None:
         """``ONCEONLY_<ROUTE>_API_TOKEN`` / ``_API_BASE``, plus for the legacy API
         ``_LEGACY_EMAIL``, ``_LEGACY_TOKEN`` (default: the API token) and
         ``_LEGACY_API_BASE``."""
@@ -164,7 +156,7 @@ class PagBankClient(ApiClient):
             return Target("notification", safe_id(code, "notificationCode"))
         body = body_json(event)
         object_id = body.get("id")
-        own = _own_kind(object_id, body)
+        own = object_kind(object_id, body)
         if own is None:
             raise NotFetchable(f"PagBank event {event.event_id} carries no order or charge id")
         wanted = kind or own

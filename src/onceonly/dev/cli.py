@@ -9,7 +9,8 @@ import json
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 import httpx
@@ -35,6 +36,8 @@ from .servers import serve_in_thread
 
 __all__ = ["dev"]
 
+FC = TypeVar("FC", bound=Callable[..., Any])
+
 console = Console()
 errors = Console(stderr=True)
 
@@ -53,6 +56,17 @@ _FORMAT = click.option(
     show_default=True,
     help="table for people, json for scripts.",
 )
+
+
+def _chance(flag: str, what: str) -> Callable[[FC], FC]:
+    """A fault option: the probability, 0 to 1 (off by default), that `what` happens."""
+    return click.option(
+        flag,
+        default=0.0,
+        show_default=True,
+        type=click.FloatRange(0, 1),
+        help=f"Chance that {what}",
+    )
 
 
 def _fail_cleanly(fn: Any) -> Any:
@@ -103,28 +117,13 @@ def dev() -> None:
     type=click.FloatRange(min=0, min_open=True),
     help="Seconds to wait for an answer. [default: the provider's, sped up, at least 1 s]",
 )
-@click.option(
-    "--duplicates",
-    default=0.0,
-    show_default=True,
-    type=click.FloatRange(0, 1),
-    help="Chance that an attempt goes out as two identical requests at once.",
-)
-@click.option(
+@_chance("--duplicates", "an attempt goes out as two identical requests at once.")
+@_chance(
     "--timeouts",
-    default=0.0,
-    show_default=True,
-    type=click.FloatRange(0, 1),
-    help="Chance that the gateway stops waiting after a few milliseconds (it retries; "
+    "the gateway stops waiting after a few milliseconds (it retries; "
     "your receiver may or may not have committed).",
 )
-@click.option(
-    "--lost-acks",
-    default=0.0,
-    show_default=True,
-    type=click.FloatRange(0, 1),
-    help="Chance that your 2xx is lost on the way back (it retries an event you stored).",
-)
+@_chance("--lost-acks", "your 2xx is lost on the way back (it retries an event you stored).")
 @click.option(
     "--spread",
     default=0.0,

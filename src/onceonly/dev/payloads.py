@@ -86,6 +86,11 @@ def build_event(
     return builder(kind, event_id, facts, token, r)
 
 
+def _hex_id(r: random.Random) -> str:
+    """A 32-hex-digit id, the form of the per-delivery ids senders put in headers."""
+    return f"{r.getrandbits(128):032x}"
+
+
 def _encode(data: dict[str, Any]) -> bytes:
     return json.dumps(data, separators=(",", ":")).encode()
 
@@ -140,7 +145,7 @@ def _mercadopago(
         eid,
         _encode(body),
         query={"data.id": f.object_id, "type": topic},
-        delivery_id=f"{r.getrandbits(128):032x}",
+        delivery_id=_hex_id(r),
     )
 
 
@@ -173,15 +178,16 @@ def _pagbank(
     # order's state (see onceonly.providers.pagbank). The id below only names
     # the event for the gateway's report.
     charge = f"CHAR_{token.upper()}"
+    reference = event_id or f"ref-{token[:12]}"
     body = {
         "id": f.object_id,
-        "reference_id": event_id or f"ref-{token[:12]}",
+        "reference_id": reference,
         "created_at": _iso(),
         "customer": {"name": "Cliente", "email": f.email},
         "charges": [
             {
                 "id": charge,
-                "reference_id": event_id or f"ref-{token[:12]}",
+                "reference_id": reference,
                 "status": kind,
                 "paid_at": _iso(),
                 "amount": {"value": f.amount, "currency": f.currency.upper()},
@@ -196,7 +202,7 @@ def _shopify(
     kind: str, event_id: str | None, f: PaymentFacts, token: str, r: random.Random
 ) -> Outgoing:
     # The per-delivery id (X-Shopify-Webhook-Id, kept on retries) is the event id.
-    eid = event_id or f"{r.getrandbits(128):032x}"
+    eid = event_id or _hex_id(r)
     body = {
         "id": int(f.object_id) if f.object_id.isdigit() else f.object_id,
         "email": f.email,
@@ -210,7 +216,7 @@ def _shopify(
         "x-shopify-topic": kind,
         "x-shopify-shop-domain": "onceonly-dev.myshopify.com",
         "x-shopify-api-version": "2024-07",
-        "x-shopify-event-id": f"{r.getrandbits(128):032x}",
+        "x-shopify-event-id": _hex_id(r),
     }
     return Outgoing(eid, _encode(body), headers=headers, delivery_id=eid)
 
@@ -218,7 +224,7 @@ def _shopify(
 def _github(
     kind: str, event_id: str | None, f: PaymentFacts, token: str, r: random.Random
 ) -> Outgoing:
-    eid = event_id or f"{r.getrandbits(128):032x}"
+    eid = event_id or _hex_id(r)
     body = {"action": "created", "ref": "refs/heads/main", "repository": {"full_name": "x/y"}}
     return Outgoing(eid, _encode(body), headers={"x-github-event": kind}, delivery_id=eid)
 

@@ -66,6 +66,11 @@ class Provider(ABC):
     #: and ``ONCEONLY_STRIPE_SECRET``.
     name: ClassVar[str]
 
+    #: Provider-specific keyword options that :meth:`from_environ` reads from
+    #: ``ONCEONLY_<NAME>_<OPTION>``: ``(option, parser)`` pairs, the parser
+    #: called as ``parser(raw, variable_name)``.
+    environ_options: ClassVar[tuple[tuple[str, Callable[[str, str], Any]], ...]] = ()
+
     def __init__(self, secrets: Sequence[str] | str, *, rejection_status: int = 401) -> None:
         if isinstance(secrets, str):
             secrets = [secrets]
@@ -123,6 +128,11 @@ class Provider(ABC):
         raw = environ.get(env_name(cls.name, "REJECTION_STATUS"))
         if raw:
             options["rejection_status"] = parse_int(raw, env_name(cls.name, "REJECTION_STATUS"))
+        for option, parse in cls.environ_options:
+            variable = env_name(cls.name, option.upper())
+            raw = environ.get(variable)
+            if raw:
+                options[option] = parse(raw, variable)
         return options
 
     # Helpers shared by the concrete providers.

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Self
+from typing import Any
 from urllib.parse import urlencode
 
 from .._exceptions import PayloadError
@@ -49,7 +49,6 @@ from .base import (
     any_match,
     as_event_id,
     body_hash_id,
-    env_name,
     hmac_sha256,
     json_object,
     lookup,
@@ -98,6 +97,7 @@ class MercadoPago(TimestampedProvider):
     ``x-request-id`` and ``ts``; unsigned notifications by explicit policy."""
 
     name = "mercadopago"
+    environ_options = (("unsigned", parse_unsigned_policy),)
     #: None documented; the official SDK checks none by default either.
     default_tolerance = 0
 
@@ -114,14 +114,6 @@ class MercadoPago(TimestampedProvider):
             secrets, tolerance=tolerance, rejection_status=rejection_status, clock=clock
         )
         self.unsigned = parse_unsigned_policy(unsigned, "mercadopago unsigned policy")
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str], secrets: Sequence[str]) -> Self:
-        options: dict[str, Any] = cls._common_options(environ)
-        raw = environ.get(env_name(cls.name, "UNSIGNED"))
-        if raw:
-            options["unsigned"] = parse_unsigned_policy(raw, env_name(cls.name, "UNSIGNED"))
-        return cls(secrets, **options)
 
     @staticmethod
     def _is_unsigned(delivery: Delivery) -> bool:

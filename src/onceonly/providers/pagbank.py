@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Self
+from typing import Any
 from urllib.parse import parse_qs
 
 from ..events import Delivery, EventInfo
@@ -39,16 +39,24 @@ from .base import (
     any_match,
     as_event_id,
     body_hash_id,
-    env_name,
     json_object,
     lookup,
     parse_unsigned_policy,
     sha256_hex,
 )
 
-__all__ = ["PagBank", "authenticity_token"]
+__all__ = ["PagBank", "authenticity_token", "object_kind"]
 
 _KINDS = {"ORDE_": "order", "CHAR_": "charge"}
+
+
+def object_kind(object_id: Any, data: Mapping[str, Any]) -> str | None:
+    """``order`` or ``charge``: what a current-API notification body is, by its
+    id's prefix (an order, when the id says nothing but the body lists charges).
+    The event type here, and what the API client fetches for the event."""
+    if isinstance(object_id, str) and (kind := _KINDS.get(object_id[:5])):
+        return kind
+    return "order" if isinstance(data.get("charges"), list) else None
 
 
 def authenticity_token(token: str, body: bytes) -> str:
@@ -77,6 +85,7 @@ class PagBank(Provider):
     by policy, PagSeguro's unsigned legacy form post as a trigger to fetch."""
 
     name = "pagbank"
+    environ_options = (("unsigned", parse_unsigned_policy),)
 
     def __init__(
         self,
@@ -87,14 +96,6 @@ class PagBank(Provider):
     ) -> None:
         super().__init__(secrets, rejection_status=rejection_status)
         self.unsigned = parse_unsigned_policy(unsigned, "pagbank unsigned policy")
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str], secrets: Sequence[str]) -> Self:
-        options: dict[str, Any] = cls._common_options(environ)
-        raw = environ.get(env_name(cls.name, "UNSIGNED"))
-        if raw:
-            options["unsigned"] = parse_unsigned_policy(raw, env_name(cls.name, "UNSIGNED"))
-        return cls(secrets, **options)
 
     @staticmethod
     def _legacy_form(delivery: Delivery) -> dict[str, str] | None:
@@ -130,10 +131,7 @@ class PagBank(Provider):
         if raw_id is None:
             return EventInfo(body_hash_id(delivery.body))
         object_id = as_event_id(raw_id, "body id")
-        kind = _KINDS.get(object_id[:5]) or (
-            "order" if isinstance(data.get("charges"), list) else None
-        )
-        return EventInfo(f"{object_id}:{_state(data)}", kind)
+        return EventInfo(f"{object_id}:{_state(data)}", object_kind(object_id, data))
 
     def sign(
         self,

@@ -25,11 +25,11 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Literal, Self
+from typing import Literal
 
 from .._exceptions import ConfigurationError
 from ..events import Delivery, EventInfo
-from .base import Provider, any_match, as_event_id, env_name, hmac_sha256, new_delivery_id
+from .base import Provider, any_match, as_event_id, hmac_sha256, new_delivery_id
 
 __all__ = ["Shopify"]
 
@@ -49,6 +49,7 @@ class Shopify(Provider):
     """Shopify's base64 ``X-Shopify-Hmac-Sha256``; event id per delivery by default."""
 
     name = "shopify"
+    environ_options = (("event_id", _event_id_choice),)
 
     def __init__(
         self,
@@ -59,14 +60,6 @@ class Shopify(Provider):
     ) -> None:
         super().__init__(secrets, rejection_status=rejection_status)
         self.event_id = _event_id_choice(event_id, "shopify event_id")
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str], secrets: Sequence[str]) -> Self:
-        options: dict[str, Any] = cls._common_options(environ)
-        raw = environ.get(env_name(cls.name, "EVENT_ID"))
-        if raw:
-            options["event_id"] = _event_id_choice(raw, env_name(cls.name, "EVENT_ID"))
-        return cls(secrets, **options)
 
     def _signature(self, secret: str, body: bytes) -> bytes:
         return base64.b64encode(hmac_sha256(secret.encode(), body))
