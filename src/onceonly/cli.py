@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import __version__
+from ._click import FORMAT as _FORMAT
 from ._exceptions import ConfigurationError, OnceonlyError, StoreUnavailable
 from .config import Onceonly, load_app
 from .events import Event, EventStatus
@@ -305,16 +306,6 @@ def migrate(app_spec: str | None, database_url: str | None) -> None:
 @main.group()
 def events() -> None:
     """See what arrived."""
-
-
-_FORMAT = click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="table for people, json for scripts.",
-)
 
 
 @events.command("list")

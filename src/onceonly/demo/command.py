@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from .._click import FORMAT
 from ..dev.delivery import DeliveryStats
 from .incident import Incident, IncidentResult, run_incident
 
@@ -44,14 +45,7 @@ _ROWS = [
     type=int,
     help="Same seed, same bad day (which events hit which trouble).",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="table for people, json for scripts.",
-)
+@FORMAT
 @click.option(
     "--keep",
     type=click.Path(file_okay=False, path_type=Path),

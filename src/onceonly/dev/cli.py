@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from .._click import FORMAT as _FORMAT
 from .._exceptions import ConfigurationError
 from ..providers import PROVIDER_CLASSES
 from ..providers.base import env_name
@@ -47,14 +48,6 @@ _SECRET = click.option(
     metavar="SECRET",
     help="Secret (token) to sign with. [default: the first of ONCEONLY_<PROVIDER>_SECRET, "
     "the receiver's own setting]",
-)
-_FORMAT = click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="table for people, json for scripts.",
 )
 
 

@@ -106,7 +106,8 @@ def _mapping(values: Sequence[str]) -> dict[str, str | None]:
 
 
 def _build() -> click.Command:
-    from ..cli import _FORMAT, _app_options, _fail_cleanly, _load, errors
+    from .._click import FORMAT as _FORMAT
+    from ..cli import _app_options, _fail_cleanly, _load, errors
 
     @click.command("import", help=HELP, short_help="Upsert a CSV/XLSX file into a table by a key.")
     @_app_options
