@@ -6,6 +6,8 @@ private.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ._exceptions import (
     ApiError,
     ApiUnavailable,
@@ -21,14 +23,57 @@ from ._exceptions import (
     StoreUnavailable,
     UnknownProvider,
 )
-from .config import Onceonly, load_app
-from .context import Context, EffectError
-from .events import Delivery, Event, EventInfo, EventStatus, NewEvent, Receipt
-from .guard import Guard, JobInProgress
-from .inbox import GroupCommit, Inbox
-from .receiver import Receiver
-from .store import Store, create_store
-from .worker import Worker
+
+if TYPE_CHECKING:
+    from .config import Onceonly, load_app
+    from .context import Context, EffectError
+    from .events import Delivery, Event, EventInfo, EventStatus, NewEvent, Receipt
+    from .guard import Guard, JobInProgress
+    from .inbox import GroupCommit, Inbox
+    from .receiver import Receiver
+    from .store import Store, create_store
+    from .worker import Worker
+
+# Each name is imported on first use (PEP 562), so that an application that
+# only needs, say, the Idempotency-Key middleware and a store does not load
+# SQLAlchemy, the providers and the worker: a quarter of a second at start-up,
+# and twice the objects every full garbage collection has to walk.
+_LAZY = {
+    "Onceonly": "config",
+    "load_app": "config",
+    "Context": "context",
+    "EffectError": "context",
+    "Delivery": "events",
+    "Event": "events",
+    "EventInfo": "events",
+    "EventStatus": "events",
+    "NewEvent": "events",
+    "Receipt": "events",
+    "Guard": "guard",
+    "JobInProgress": "guard",
+    "GroupCommit": "inbox",
+    "Inbox": "inbox",
+    "Receiver": "receiver",
+    "Store": "store",
+    "create_store": "store",
+    "Worker": "worker",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'onceonly' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups do not come back here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __version__ = "0.1.0"
 
