@@ -692,7 +692,10 @@ def print_table(results: Sequence[TargetResult], settings: Settings, env: dict[s
     )
     rounds = max((r.round for r in results), default=1)
     print(f"\nover {rounds} round(s): median ratio to the bare endpoint, and each round's")
-    header = f"{'target':<16}{'engine':<10}{'median req/s':>13}{'vs bare':>9}  {'rounds':<24}goal"
+    width = 5 * rounds + 2
+    header = (
+        f"{'target':<16}{'engine':<10}{'median req/s':>13}{'vs bare':>9}  {'rounds':<{width}}goal"
+    )
     print(header)
     print("-" * (len(header) + 14))
     for summary in summarize(results):
@@ -700,8 +703,8 @@ def print_table(results: Sequence[TargetResult], settings: Settings, env: dict[s
         print(
             f"{summary.target:<16}{summary.engine:<10}"
             f"{statistics.median(summary.requests_per_s):>13,.0f}"
-            f"{(f'{median:.2f}x' if median is not None else '-'):>9}  "
-            f"{' '.join(f'{x:.2f}' for x in summary.ratios):<24}"
+            f"{(f'{median:.3f}x' if median is not None else '-'):>9}  "
+            f"{' '.join(f'{x:.2f}' for x in summary.ratios):<{width}}"
             f"{goal_text(summary.target, median)}"
         )
     print("goals: fresh keys >= 0.5x bare req/s; replays > 1.0x bare (median over the rounds)")

@@ -553,3 +553,37 @@ async def test_batches_look_keys_up_by_primary_key_in_a_table_of_many_keys(
         assert "Index Scan using onceonly_idempotency_keys_pkey" in plan, f"{name}:\n{plan}"
         assert "Hash" not in plan, f"{name}:\n{plan}"
         assert "Merge" not in plan, f"{name}:\n{plan}"
+
+
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+async def test_a_claim_racing_a_new_claim_of_its_key_sees_it_running(database_url: str) -> None:
+    """Two processes claim a new key at once: the one that reads no record and
+    then loses the insert finds the winner's claim, in flight, and does not run."""
+    import asyncpg
+
+    from onceonly.idempotency.postgres import PostgresKeyStore
+
+    store = create_store(database_url)
+    keys = key_store_for(store)
+    await store.open()
+    now = time.time()
+    winner = await asyncpg.connect(database_url)
+    try:
+        in_flight = winner.transaction()
+        await in_flight.start()
+        rows = await winner.fetch(
+            PostgresKeyStore._CLAIM,
+            *PostgresKeyStore._claim_args([KeyClaim("c", "k", "fp-1")], now, 60, 3600),
+        )
+        assert [row[11] for row in rows] == ["c"]  # inserted, not committed
+        racing = asyncio.ensure_future(
+            keys.claim([KeyClaim("c", "k", "fp-1")], now=now, lock_seconds=60, ttl=3600)
+        )
+        await asyncio.sleep(0.3)
+        assert not racing.done()  # waiting to learn whether the insert commits
+        await in_flight.commit()
+        (outcome,) = await racing
+    finally:
+        await winner.close()
+        await store.close()
+    assert (outcome.state, outcome.fence, outcome.fingerprint) == ("running", 1, "fp-1")

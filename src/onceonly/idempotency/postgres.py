@@ -39,7 +39,9 @@ class PostgresKeyStore(KeyStore):
     # the plan read them ('r'), the keys the INSERT claimed ('c') and, with
     # completions, those that landed ('l'), one after the other; Python pairs
     # them up. The kind is the last column: 'r' rows are _READ's columns,
-    # then `settled`.
+    # then `settled`, for the keys that had a record (a new key claimed has
+    # its 'c' row; one that lost to a concurrent claim has neither, and is
+    # read again).
     _CLAIM_CTES = f"""
         plan AS (
             SELECT u.sc, u.ke, u.fp, e.fingerprint, e.status, e.fence, e.response_status,
@@ -70,6 +72,7 @@ class PostgresKeyStore(KeyStore):
     _CLAIM_SELECT = """
         SELECT sc, ke, fingerprint, status, fence, response_status, response_headers,
                response_body, chunked, expires_at, settled, 'r' FROM plan
+        WHERE fingerprint IS NOT NULL
         UNION ALL
         SELECT scope, key, NULL, NULL, fence, NULL, NULL, NULL, NULL, NULL, NULL, 'c'
         FROM claimed{landed}"""
@@ -189,19 +192,25 @@ class PostgresKeyStore(KeyStore):
         first: dict[tuple[str, str], KeyClaim],
         rows: Sequence[Any],
     ) -> list[ClaimOutcome]:
-        won = {(row[0], row[1]): row[4] for row in rows if row[11] == "c"}
+        won: dict[tuple[str, str], int] = {}
+        read: dict[tuple[str, str], Any] = {}
+        for row in rows:
+            if row[11] == "c":
+                won[(row[0], row[1])] = row[4]
+            elif row[11] == "r":
+                read[(row[0], row[1])] = row
         existing: dict[tuple[str, str], ClaimOutcome] = {}
         raced: list[KeyClaim] = []
-        for row in rows:
-            ident = (row[0], row[1])
-            if row[11] != "r" or ident in won:
+        for ident, claim in first.items():
+            if ident in won:
                 continue
-            if row[10]:
+            row = read.get(ident)
+            if row is not None and row[10]:
                 existing[ident] = _outcome(row)
             else:
                 # Attempted and lost to a concurrent request: what the plan
-                # read is out of date, read the record as it is now.
-                raced.append(first[ident])
+                # read is out of date (or absent), read the record as it is now.
+                raced.append(claim)
         if raced:
             for row in await conn.fetch(
                 self._READ_MANY, [c.scope for c in raced], [c.key for c in raced]
