@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -587,3 +588,36 @@ async def test_a_claim_racing_a_new_claim_of_its_key_sees_it_running(database_ur
         await winner.close()
         await store.close()
     assert (outcome.state, outcome.fence, outcome.fingerprint) == ("running", 1, "fp-1")
+
+
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+async def test_a_broken_lookup_connection_is_replaced(database_url: str) -> None:
+    """The connection claims and completions run on is cut (a server restart,
+    a proxy timeout): at worst the batch on it fails as unavailable (never as
+    an unexpected error), and the next one gets a new connection."""
+    import asyncpg
+
+    from onceonly import StoreUnavailable
+
+    store = create_store(database_url)
+    keys = key_store_for(store)
+    now = time.time()
+    (first,) = await keys.claim([KeyClaim("c", "k-1", "fp")], now=now, lock_seconds=60, ttl=3600)
+    admin = await asyncpg.connect(database_url)
+    try:
+        cut = await admin.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND query LIKE '%onceonly_idempotency_keys%'"
+        )
+    finally:
+        await admin.close()
+    assert cut >= 1
+    await asyncio.sleep(0.1)
+    # Whether the client has already seen the connection close is a race: if
+    # it has, this batch already goes through on a new one.
+    with contextlib.suppress(StoreUnavailable):
+        await keys.claim([KeyClaim("c", "k-2", "fp")], now=now, lock_seconds=60, ttl=3600)
+    (again,) = await keys.claim([KeyClaim("c", "k-3", "fp")], now=now, lock_seconds=60, ttl=3600)
+    await store.close()
+    assert (first.state, again.state) == ("acquired", "acquired")
