@@ -32,7 +32,7 @@ class PostgresKeyStore(KeyStore):
     # up by primary key (measured: 4.5 ms instead of 1 ms per batch at 24,000
     # keys, a table not yet analyzed).
     #
-    # These statements run on the store's lookup connections, planned once
+    # These statements run on the store's lookup connection, planned once
     # with primary-key lookups as the only plan (see PostgresStore
     # .lookup_connection): planning each batch again was a quarter of its
     # time. So that no other join is left to plan, the answer is the rows as
