@@ -79,8 +79,6 @@ class _Cached(NamedTuple):
     """A cached response, as _ResponseCache.get hands it out."""
 
     fingerprint: str
-    expires_at: float
-    size: int
     status: int
     body: bytes
     #: The replay's headers, encoded, flat: name, value, name, value...
@@ -88,17 +86,19 @@ class _Cached(NamedTuple):
 
 
 class _ResponseCache:
-    """Completed responses are immutable until they expire: replays of recent
-    keys are served from memory, bounded in bytes.
+    """Completed responses are immutable until they expire: a response read
+    from the database for a replay is kept here, bounded in bytes, and its
+    later replays need no query. Fresh responses are not put here: most keys
+    are never repeated.
 
-    An entry is one flat tuple of strings, numbers and bytes (the fields of
-    _Cached, its headers spread at the end): the garbage collector stops
-    tracking such a tuple at its first collection, and so never traverses the
-    cache nor counts it towards a full collection. Entries the collector kept
-    tracking (dataclasses, nested tuples, some of which outlived their first
-    collection) brought a full collection of 40-70 ms every few seconds under
-    load: fresh keys' p99 latency 4 times higher, and a quarter fewer
-    requests/s on PostgreSQL.
+    An entry is one flat tuple of strings, numbers and bytes (fingerprint,
+    expiry, size, status, body, then the headers spread out): the garbage
+    collector stops tracking such a tuple at its first collection, and so
+    never traverses the cache nor counts it towards a full collection.
+    Entries it kept tracking (dataclasses, nested tuples, some of which
+    outlived their first collection), one per fresh response, brought 2 to 7
+    full collections of 32-74 ms in each 8-second run under load, and 20-25%
+    fewer requests/s for fresh keys on PostgreSQL.
     """
 
     def __init__(self, max_bytes: int) -> None:
@@ -114,7 +114,7 @@ class _ResponseCache:
             self._drop(ident)
             return None
         self._entries.move_to_end(ident)
-        return _Cached(raw[0], raw[1], raw[2], raw[3], raw[4], raw[5:])
+        return _Cached(raw[0], raw[3], raw[4], raw[5:])
 
     def put(
         self, ident: tuple[str, str], fp: str, response: StoredResponse, expires: float
@@ -167,7 +167,8 @@ class IdempotencyMiddleware:
       unprotected.
     - `release_statuses`: statuses whose response is not stored.
     - `replay_set_cookie`: replay ``Set-Cookie`` (default no).
-    - `cache_bytes`: memory for replaying recent responses without a query.
+    - `cache_bytes`: memory for responses replayed once, so that their next
+      replays need no query.
     """
 
     def __init__(
