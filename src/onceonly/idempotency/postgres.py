@@ -28,9 +28,9 @@ class PostgresKeyStore(KeyStore):
     # every array element in Python, which cost more than the statement. It
     # is read as jsonb, parsed once: each ->> on a json value parses its text
     # again (seven times per completion row), and a header list nested as a
-    # string was escaped and parsed on top. PostgreSQL's CPU per batch of 8
-    # claims and 8 completions, measured: 630-760 µs as json, 450-600 µs as
-    # jsonb with the headers nested as arrays. The row count goes along as a
+    # string was escaped and parsed on top. PostgreSQL's user CPU per batch
+    # of 8 claims and 8 completions, measured: 630-760 µs as json, 450-610 µs
+    # as jsonb (headers nested or not). The row count goes along as a
     # LIMIT, which is what the planner then expects: jsonb_array_elements()
     # alone counts as 100 rows, and against 100 probes a table of a few ten
     # thousand keys is cheaper to scan whole than to look up by primary key
