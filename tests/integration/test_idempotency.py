@@ -349,6 +349,35 @@ async def test_a_bare_asgi_app_that_raises_gets_a_stored_problem_500(database_ur
     assert runs == 1
 
 
+async def test_replayed_headers_are_the_bytes_the_endpoint_sent(database_url: str) -> None:
+    # Header values with JSON's special characters, a Latin-1 byte and a
+    # repeated name go through the database as JSON (nested in the batch's
+    # parameter on PostgreSQL) and must come back byte for byte, in order.
+    sent = [
+        (b"content-type", b"application/json"),
+        (b"x-quoted", b'say "hi" \\ back\\slash, tab\there'),
+        (b"x-latin", b"caf\xe9"),
+        (b"link", b"</a>; rel=next"),
+        (b"link", b"</b>; rel=prev"),
+    ]
+    runs = 0
+
+    async def bare(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal runs
+        if scope["type"] != "http":
+            return
+        runs += 1
+        await send({"type": "http.response.start", "status": 201, "headers": sent})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    first, again = await _post_twice(bare, database_url, "odd-headers")
+    assert runs == 1
+    assert again.headers["idempotent-replayed"] == "true"
+    for response in (first, again):
+        kept = [(n, v) for n, v in response.headers.raw if n.lower() in {n for n, _ in sent}]
+        assert kept == sent
+
+
 async def test_one_batch_completes_and_claims_together(database_url: str) -> None:
     """A group commit carries finished responses and new claims in one go: every
     caller still gets its own answer, as if each had gone alone."""
