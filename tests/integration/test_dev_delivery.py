@@ -93,12 +93,14 @@ async def test_asaas_resends_anything_but_200_and_mercadopago_takes_201() -> Non
 
 async def test_a_timeout_sends_the_event_again_though_the_receiver_did_the_work() -> None:
     # The first arrival of each event takes longer than the gateway waits.
-    receiver = ScriptedReceiver(lambda _id, n: (200, 0.6 if n == 1 else 0.0))
+    # The wait is long enough that a prompt answer never misses it on a busy
+    # CI machine (0.2 s did: two prompt answers counted as timeouts).
+    receiver = ScriptedReceiver(lambda _id, n: (200, 1.5 if n == 1 else 0.0))
     with live_server(receiver.app()) as url:
-        stripe = sender("stripe", url, speedup=6000, timeout=0.2, seed=2)
+        stripe = sender("stripe", url, speedup=6000, timeout=0.6, seed=2)
         events = prepare_events("stripe", 4, seed=2)
         report = await stripe.deliver(events)
-        await asyncio.sleep(0.6)  # let the slow first arrivals finish
+        await asyncio.sleep(1.5)  # let the slow first arrivals finish
     assert report.stats.acknowledged == 4
     assert report.stats.timeouts == 4
     assert all(o.answers == ["timeout", "200"] for o in report.outcomes.values())
