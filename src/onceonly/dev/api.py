@@ -165,6 +165,9 @@ class FakeApi:
         self._open = threading.Event()
         self._open.set()
         self._held = 0
+        # Bumped by clear(): a request that arrived before it (a slow answer
+        # still on its way) belongs to the past and is not recorded after it.
+        self._generation = 0
         routes = [
             Route("/v1/events/{object_id}", self._endpoint("stripe", "event")),
             Route("/v1/payment_intents/{object_id}", self._endpoint("stripe", "payment_intent")),
@@ -243,11 +246,13 @@ class FakeApi:
             obj["status"] = status
 
     def clear(self) -> None:
-        """Forget every object, fault and recorded request."""
+        """Forget every object, fault and recorded request (including the ones
+        still being answered)."""
         with self._lock:
             self._objects.clear()
             self._faults.clear()
             self._requests.clear()
+            self._generation += 1
 
     # Faults.
 
@@ -363,9 +368,12 @@ class FakeApi:
     def _endpoint(self, provider: str, kind: str) -> Any:
         async def endpoint(request: Request) -> Response:
             object_id = request.path_params["object_id"]
+            generation = self._generation
             response = await self._answer(request, provider, kind, object_id)
             with self._lock:
-                self._requests.append(ApiRequest(provider, kind, object_id, response.status_code))
+                if generation == self._generation:
+                    record = ApiRequest(provider, kind, object_id, response.status_code)
+                    self._requests.append(record)
             return response
 
         return endpoint
