@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sqlite3
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -41,7 +41,7 @@ def create_engine(url: str, *, pool_size: int = 10) -> sa.Engine:
     rest = url.partition("://")[2]
     if kind == "postgresql":
         return sa.create_engine(
-            "postgresql+psycopg://" + rest,
+            "postgresql+psycopg://" + _hosts_as_query(rest),
             pool_size=pool_size,
             max_overflow=pool_size,
             pool_pre_ping=True,
@@ -75,3 +75,22 @@ def create_engine(url: str, *, pool_size: int = 10) -> sa.Engine:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
+
+
+def _hosts_as_query(rest: str) -> str:
+    """libpq's multi-host form, ``user@h1:5432,h2:5432/db?...``, spelled the way
+    SQLAlchemy takes it, ``user@/db?host=h1:5432&host=h2:5432&...``.
+
+    A single host is left as it is. libpq (and asyncpg, on the receive path)
+    take the first form directly; SQLAlchemy's URL parser reads everything
+    after the first colon as a port. With ``target_session_attrs=read-write``
+    every connection goes to whichever host is the primary now: after a
+    failover, the pool's next connections find the promoted standby.
+    """
+    netloc, _, tail = rest.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    if "," not in hosts:
+        return rest
+    path, question, query = tail.partition("?")
+    params = "&".join(f"host={quote(h, safe=':[]')}" for h in hosts.split(",") if h)
+    return f"{userinfo}{at}/{path}?{params}" + (f"&{query}" if question and query else "")
