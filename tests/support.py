@@ -7,6 +7,8 @@ import contextlib
 import hashlib
 import hmac
 import json
+import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,6 +23,16 @@ import httpx
 import uvicorn
 
 STRIPE_SECRET = "whsec_test_secret"
+
+#: The engines store-backed tests run on (``ONCEONLY_TEST_ENGINES``).
+ENGINES = [
+    e.strip() for e in os.environ.get("ONCEONLY_TEST_ENGINES", "sqlite,postgresql").split(",")
+]
+
+CHROMIUM = os.environ.get("ONCEONLY_TEST_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("ONCEONLY_TEST_CHROMEDRIVER", "/usr/bin/chromedriver")
+#: Set by CI: a missing browser fails the browser test instead of skipping it.
+REQUIRE_BROWSER = os.environ.get("ONCEONLY_TEST_REQUIRE_BROWSER", "") not in ("", "0")
 #: The real command, run with this interpreter.
 ONCEONLY = [sys.executable, "-m", "onceonly.cli"]
 
@@ -40,6 +52,18 @@ def stripe_delivery(
     t = str(int(time.time()) if timestamp is None else timestamp)
     signature = hmac.new(secret.encode(), t.encode() + b"." + body, hashlib.sha256).hexdigest()
     return body, {"stripe-signature": f"t={t},v1={signature}", "content-type": "application/json"}
+
+
+def browser_missing() -> str | None:
+    """Why the browser test cannot run here, or None when it can."""
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if shutil.which(p) is None]
+    if not missing:
+        return None
+    return (
+        f"{' and '.join(missing)} not found, so the browser test did not run. To run it: "
+        "apt-get install -y chromium chromium-driver (or set ONCEONLY_TEST_CHROMIUM "
+        "and ONCEONLY_TEST_CHROMEDRIVER)"
+    )
 
 
 def free_port() -> int:

@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -31,10 +28,18 @@ import sqlalchemy as sa
 
 from onceonly.context import effect_key
 from onceonly.db import create_engine
-from support import free_port, live_server, stripe_delivery
-
-ONCEONLY = [sys.executable, "-m", "onceonly.cli"]
-HERE = Path(__file__).resolve().parent
+from processes import (
+    ONCEONLY,
+    Proc,
+    app_env,
+    rows,
+    scalar,
+    start_server,
+    start_worker,
+    statuses,
+    wait_for,
+)
+from support import live_server, stripe_delivery
 
 EVENTS = 1_000
 DELIVERIES_PER_EVENT = 3
@@ -43,156 +48,11 @@ KILLS = 10
 SENDERS = 32
 
 
-# Processes.
-
-
-def app_env(database_url: str, **extra: str) -> dict[str, str]:
-    """The environment of an onceonly subprocess: our database, payments_app importable."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEONLY_")}
-    path = [str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env.update(
-        ONCEONLY_DATABASE_URL=database_url,
-        PYTHONPATH=os.pathsep.join(path),
-        PYTHONUNBUFFERED="1",
-        **extra,
-    )
-    return env
-
-
-@dataclass
-class Proc:
-    """A subprocess whose output goes to a log file (a pipe nobody reads would fill up)."""
-
-    name: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    @classmethod
-    def start(cls, name: str, args: list[str], env: dict[str, str], cwd: Path) -> Proc:
-        log = cwd / f"{name}.log"
-        with log.open("wb") as out:
-            process = subprocess.Popen(
-                [*ONCEONLY, *args], env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT
-            )
-        return cls(name, process, log)
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def kill(self) -> None:
-        if self.alive():
-            self.process.kill()
-        self.process.wait(10)
-
-    def stop(self, timeout: float = 30) -> int:
-        """SIGTERM and wait: a worker finishes what it holds and exits 0."""
-        # A process still importing Python has no handler yet and would die of
-        # the signal; that is not what this test is about, so wait for the
-        # worker's start-up line first.
-        deadline = time.monotonic() + timeout
-        while (
-            self.name.startswith("worker")
-            and self.alive()
-            and "onceonly worker:" not in self.output()
-            and time.monotonic() < deadline
-        ):
-            time.sleep(0.05)
-        if self.alive():
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
-            raise AssertionError(
-                f"{self.name} did not stop within {timeout} s of SIGTERM:\n{self.output()[-3000:]}"
-            ) from None
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    """Every process a test starts; whatever is still running at the end is killed."""
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.kill()
-
-
-def start_worker(
-    procs: list[Proc], name: str, app: str, env: dict[str, str], cwd: Path, concurrency: int = 2
-) -> Proc:
-    args = ["worker", "--app", f"payments_app:{app}", "--concurrency", str(concurrency)]
-    proc = Proc.start(name, [*args, "--log-level", "warning"], env, cwd)
-    procs.append(proc)
-    return proc
-
-
-def start_server(procs: list[Proc], app: str, env: dict[str, str], cwd: Path) -> str:
-    port = free_port()
-    args = ["serve", "--app", f"payments_app:{app}", "--port", str(port), "--log-level", "warning"]
-    proc = Proc.start("serve", args, env, cwd)
-    procs.append(proc)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return url
-        except httpx.TransportError:
-            pass
-        if not proc.alive() or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"onceonly serve did not come up:\n{proc.output()[-5000:]}")
-        time.sleep(0.1)
-
-
-# The database, as the tests see it.
-
-
 @pytest.fixture
 def db(database_url: str) -> Iterator[sa.Engine]:
     engine = create_engine(database_url, pool_size=2)
     yield engine
     engine.dispose()
-
-
-def rows(engine: sa.Engine, sql: str, **params: Any) -> list[tuple[Any, ...]]:
-    with engine.connect() as conn:
-        return [tuple(row) for row in conn.execute(sa.text(sql), params)]
-
-
-def scalar(engine: sa.Engine, sql: str, **params: Any) -> Any:
-    with engine.connect() as conn:
-        return conn.execute(sa.text(sql), params).scalar_one()
-
-
-def statuses(engine: sa.Engine) -> dict[str, int]:
-    found = rows(engine, "SELECT status, count(*) FROM onceonly_events GROUP BY status")
-    return {str(status): int(n) for status, n in found}
-
-
-def wait_for(
-    what: str,
-    check: Callable[[], bool],
-    timeout: float,
-    watch: list[Proc] | None = None,
-    interval: float = 0.1,
-) -> float:
-    """Poll `check` until true; return the seconds it took. Fail with the logs of `watch`."""
-    started = time.monotonic()
-    while not check():
-        if time.monotonic() - started > timeout:
-            logs = "\n".join(f"--- {p.name}:\n{p.output()[-2000:]}" for p in watch or [])
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{logs}")
-        time.sleep(interval)
-    return time.monotonic() - started
 
 
 def deliver(url: str, *event_ids: str) -> None:
