@@ -283,6 +283,8 @@ class Cluster:
 def _children(pid: int) -> list[int]:
     """Every descendant of `pid`, from /proc (PostgreSQL forks, it never re-parents)."""
     parents: dict[int, list[int]] = {}
+    if not Path("/proc").is_dir():
+        return []  # not Linux: the postmaster alone is killed
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue

@@ -71,6 +71,17 @@ def inbox_app(database_url: str | None = None) -> Onceonly:
     return _app(database_url)
 
 
+def plain_app(database_url: str | None = None) -> Onceonly:
+    """Records each payment; short leases and retries, so a failover is over fast."""
+    app = _app(database_url, lease_seconds=2, retry_base=0.05, retry_cap=0.5)
+
+    @app.handler("stripe")
+    def record(event: Event, ctx: Context) -> None:
+        _record_payment(event, ctx)
+
+    return app
+
+
 def chaos_app(database_url: str | None = None) -> Onceonly:
     """Short leases and retries so that events of a SIGKILLed worker come back fast."""
     app = _app(database_url, lease_seconds=2, retry_base=0.05, retry_cap=0.5)
