@@ -40,12 +40,14 @@ def create_engine(url: str, *, pool_size: int = 10) -> sa.Engine:
     kind = engine_kind(url)
     rest = url.partition("://")[2]
     if kind == "postgresql":
-        return sa.create_engine(
+        pg = sa.create_engine(
             "postgresql+psycopg://" + _hosts_as_query(rest),
             pool_size=pool_size,
             max_overflow=pool_size,
             pool_pre_ping=True,
         )
+        sa.event.listen(pg, "handle_error", _demoted_is_disconnected)
+        return pg
     path, _, query = rest.partition("?")
     path = path[1:] if path.startswith("/") else path
     busy_ms = int(parse_qs(query).get("busy_timeout", ["5000"])[0])
@@ -75,6 +77,26 @@ def create_engine(url: str, *, pool_size: int = 10) -> sa.Engine:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
+
+
+# SQLSTATE of "cannot execute ... in a read-only transaction".
+_READ_ONLY_SQL_TRANSACTION = "25006"
+
+
+def _demoted_is_disconnected(context: sa.engine.ExceptionContext) -> sa.exc.OperationalError | None:
+    """A server that refuses writes on a connection opened for writing was
+    demoted or fenced in a failover: for the pool that connection is as good
+    as cut. It is invalidated (its pool opens new ones, which find the new
+    primary with ``target_session_attrs=read-write``) and the error becomes an
+    :class:`~sqlalchemy.exc.OperationalError`, which the worker already treats
+    as "the database is unavailable, retry" rather than as a bug."""
+    original = context.original_exception
+    if getattr(original, "sqlstate", None) != _READ_ONLY_SQL_TRANSACTION:
+        return None
+    context.is_disconnect = True
+    return sa.exc.OperationalError(
+        context.statement, context.parameters, original, connection_invalidated=True
+    )
 
 
 def _hosts_as_query(rest: str) -> str:

@@ -65,6 +65,17 @@ class Pair:
     standby: pgcluster.Cluster
     link: TcpProxy
 
+    async def fence(self) -> None:
+        """Make the primary refuse writes while it stays up, as a failover
+        manager fences a primary it cannot stop: connections already open stay
+        open, on a server that now answers every write with an error."""
+        conn = await asyncpg.connect(self.primary.url(), timeout=5)
+        try:
+            await conn.execute("ALTER SYSTEM SET default_transaction_read_only = on")
+            await conn.execute("SELECT pg_reload_conf()")
+        finally:
+            await conn.close()
+
     @property
     def url(self) -> str:
         hosts = f"127.0.0.1:{self.primary.port},127.0.0.1:{self.standby.port}"
@@ -162,7 +173,7 @@ class Run:
     unavailable_without_retry_after: int = 0
     unexpected: list[str] = field(default_factory=list)
     partition_at: float = 0.0
-    kill_at: float = 0.0
+    down_at: float = 0.0
     promoted_at: float = 0.0
 
     def acked_before(self, moment: float) -> set[str]:
@@ -170,10 +181,10 @@ class Run:
 
     @property
     def recovery(self) -> float:
-        """Seconds from the primary's death to the first 200 for a delivery sent
-        after it (an earlier answer may still be on its way from the old one)."""
-        after = [answered for sent, answered in self.oks if sent > self.kill_at]
-        return min(after) - self.kill_at if after else float("inf")
+        """Seconds from the old primary's end to the first 200 for a delivery
+        sent after it (an earlier answer may still be on its way from the old one)."""
+        after = [answered for sent, answered in self.oks if sent > self.down_at]
+        return min(after) - self.down_at if after else float("inf")
 
 
 async def _send(url: str, queue: asyncio.Queue[str], run: Run, deadline: float) -> None:
@@ -205,21 +216,24 @@ async def _send(url: str, queue: asyncio.Queue[str], run: Run, deadline: float) 
                 break
 
 
-async def _incident(pair: Pair, run: Run) -> None:
+async def _incident(pair: Pair, run: Run, how: str) -> None:
     while len(run.acked) < BEFORE_INCIDENT:
         await asyncio.sleep(0.01)
     run.partition_at = time.monotonic()
-    await asyncio.to_thread(pair.link.cut)
-    await asyncio.sleep(PARTITION_SECONDS)
-    await asyncio.to_thread(pair.primary.kill)
-    # Taken once every process of the old primary is gone: a delivery sent
-    # after this moment can only be answered by the new one.
-    run.kill_at = time.monotonic()
+    if how == "killed":
+        await asyncio.to_thread(pair.link.cut)
+        await asyncio.sleep(PARTITION_SECONDS)
+        await asyncio.to_thread(pair.primary.kill)
+    else:
+        await pair.fence()
+    # Taken once the old primary takes no more writes: a delivery sent after
+    # this moment can only be acknowledged by the new one.
+    run.down_at = time.monotonic()
     await asyncio.to_thread(pair.standby.promote)
     run.promoted_at = time.monotonic()
 
 
-def deliver_through_failover(url: str, pair: Pair, timeout: float = 60) -> Run:
+def deliver_through_failover(url: str, pair: Pair, how: str, timeout: float = 60) -> Run:
     run = Run()
 
     async def main() -> None:
@@ -228,7 +242,7 @@ def deliver_through_failover(url: str, pair: Pair, timeout: float = 60) -> Run:
             queue.put_nowait(f"evt_failover_{n:05d}")
         deadline = time.monotonic() + timeout
         senders = [_send(url, queue, run, deadline) for _ in range(SENDERS)]
-        await asyncio.gather(_incident(pair, run), *senders)
+        await asyncio.gather(_incident(pair, run, how), *senders)
 
     asyncio.run(main())
     return run
@@ -248,33 +262,38 @@ def on_new_primary(pair: Pair, sql: str) -> list[Any]:
 def figures(mode: str, run: Run, lost: int, doubled: int) -> str:
     return (
         f"failover ({mode}): {EVENTS} events, {len(run.acked)} acknowledged, "
-        f"{len(run.acked_before(run.kill_at))} before the kill, lost {lost}, doubled {doubled}; "
+        f"{len(run.acked_before(run.down_at))} before the old primary went, "
+        f"lost {lost}, doubled {doubled}; "
         f"answers {dict(sorted(run.answers.items()))}, {run.timeouts} timeouts; "
-        f"promotion {run.promoted_at - run.kill_at:.2f} s, "
-        f"first 200 for a delivery sent after the kill {run.recovery:.2f} s after it"
+        f"promotion {run.promoted_at - run.down_at:.2f} s, "
+        f"first 200 for a delivery sent after that {run.recovery:.2f} s after it"
     )
 
 
+@pytest.mark.parametrize("how", ["killed", "fenced"])
 def test_synchronous_replication_loses_nothing_acknowledged_across_a_failover(
-    clusters: list[Pair], tmp_path: Path, procs: list[Proc]
+    how: str, clusters: list[Pair], tmp_path: Path, procs: list[Proc]
 ) -> None:
+    """The old primary is SIGKILLed after its standby was cut off, or fenced
+    (alive, refusing writes, its connections open); the standby is promoted."""
     pair = start_pair(clusters, synchronous=True)
     env = app_env(pair.url)
     url = start_server(procs, "plain_app", env, tmp_path)
     workers = [start_worker(procs, f"worker{n}", "plain_app", env, tmp_path) for n in (1, 2)]
 
-    run = deliver_through_failover(url, pair)
+    run = deliver_through_failover(url, pair, how)
 
     assert run.unexpected == []  # no 500, no 4xx: only 200, and 503 while there is no primary
     assert set(run.answers) <= {200, 503}, run.answers
     assert run.unavailable_without_retry_after == 0
     assert run.answers[503] > 0, "the failover was never seen by the sender"
-    # While the standby was cut off no commit could complete: nothing was
-    # acknowledged from shortly after the cut (answers already on their way
-    # may still arrive) until the new primary took over.
-    cut_off = run.acked_before(run.kill_at) - run.acked_before(run.partition_at + ANSWER_GRACE)
-    assert cut_off == set(), f"acknowledged while the standby was cut off: {len(cut_off)}"
-    assert len(run.acked) == EVENTS, "the sender gave up on some events"
+    if how == "killed":
+        # While the standby was cut off no commit could complete: nothing was
+        # acknowledged from shortly after the cut (answers already on their
+        # way may still arrive) until the new primary took over.
+        cut_off = run.acked_before(run.down_at) - run.acked_before(run.partition_at + ANSWER_GRACE)
+        assert cut_off == set(), f"acknowledged while the standby was cut off: {len(cut_off)}"
+    assert len(run.acked) == EVENTS, f"the sender gave up: {figures(how, run, -1, -1)}"
 
     stored = dict(on_new_primary(pair, "SELECT event_id, count(*) FROM onceonly_events GROUP BY 1"))
     lost = set(run.acked) - set(stored)
@@ -294,7 +313,7 @@ def test_synchronous_replication_loses_nothing_acknowledged_across_a_failover(
     assert doubled == 0
     for worker in workers:
         assert worker.alive(), f"{worker.name} died in the failover:\n{worker.output()[-3000:]}"
-    print(figures("synchronous", run, len(lost), doubled))
+    print(figures(f"synchronous, old primary {how}", run, len(lost), doubled))
 
 
 def test_asynchronous_replication_loses_what_the_primary_acknowledged_alone(
@@ -303,12 +322,12 @@ def test_asynchronous_replication_loses_what_the_primary_acknowledged_alone(
     pair = start_pair(clusters, synchronous=False)
     url = start_server(procs, "plain_app", app_env(pair.url), tmp_path)
 
-    run = deliver_through_failover(url, pair)
+    run = deliver_through_failover(url, pair, "killed")
 
     assert run.unexpected == []
     assert set(run.answers) <= {200, 503}, run.answers
     stored = {row[0] for row in on_new_primary(pair, "SELECT event_id FROM onceonly_events")}
-    lost = run.acked_before(run.kill_at) - stored
+    lost = run.acked_before(run.down_at) - stored
     # What the primary acknowledged while the standby was cut off is gone: the
     # sender got its 200 and will never send those events again.
     assert lost, "asynchronous replication lost nothing: the partition did not happen"

@@ -76,6 +76,11 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     # a restart): asyncpg may notice only on the next statement, and say so
     # this way.
     asyncpg.InternalClientError,
+    # The server took writes when this connection was opened and refuses them
+    # now: it was demoted or fenced in a failover. Its connections are
+    # dropped (see _acquire) so that the next ones, with
+    # target_session_attrs=read-write, find the new primary.
+    asyncpg.ReadOnlySQLTransactionError,
 )
 
 
@@ -206,7 +211,13 @@ class PostgresStore(Store):
     async def _acquire(self, pool: asyncpg.Pool) -> AsyncIterator[PoolConnectionProxy]:
         try:
             async with pool.acquire(timeout=self.connect_timeout) as conn:
-                yield conn
+                try:
+                    yield conn
+                except asyncpg.ReadOnlySQLTransactionError:
+                    # Back in the pool it would reach the same read-only
+                    # server for as long as the pool lives.
+                    conn.terminate()
+                    raise
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"PostgreSQL at {self.url}: {exc!r}") from exc
         except asyncpg.PostgresError as exc:
