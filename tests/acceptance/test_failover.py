@@ -27,6 +27,8 @@ the test shows that they are, so nobody mistakes the default for safe.
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -40,7 +42,7 @@ import payments_app
 import pytest
 
 import pgcluster
-from processes import Proc, app_env, start_server, start_worker, wait_for
+from processes import ONCEONLY, Proc, app_env, start_server, start_worker, wait_for
 from support import ENGINES, TcpProxy, stripe_delivery
 
 EVENTS = 1_200
@@ -332,3 +334,54 @@ def test_asynchronous_replication_loses_what_the_primary_acknowledged_alone(
     # sender got its 200 and will never send those events again.
     assert lost, "asynchronous replication lost nothing: the partition did not happen"
     print(figures("asynchronous", run, len(lost), 0))
+
+
+def test_a_hot_standby_serves_the_reading_commands_and_refuses_deliveries_with_503(
+    clusters: list[Pair], tmp_path: Path, procs: list[Proc]
+) -> None:
+    """What a read replica can serve: ``events list`` and ``events show`` (and
+    the dashboard's pages); what it cannot: receiving, which answers 503 with
+    Retry-After there, never 500."""
+    pair = start_pair(clusters, synchronous=True)
+    primary_url = start_server(procs, "plain_app", app_env(pair.url), tmp_path)
+    body, headers = stripe_delivery("evt_on_the_replica")
+    assert httpx.post(f"{primary_url}/webhooks/stripe", content=body, headers=headers).is_success
+    # Synchronous: committed on the standby's disk, and replayed there soon after.
+    replica = pair.standby.url("app")
+    env = app_env(replica)
+
+    def listed() -> list[dict[str, Any]]:
+        result = subprocess.run(
+            [*ONCEONLY, "events", "list", "--format", "json"],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        rows: list[dict[str, Any]] = json.loads(result.stdout)
+        return rows
+
+    wait_for("the event on the standby", lambda: len(listed()) == 1, 10)
+    event_id = listed()[0]["id"]
+    shown = subprocess.run(
+        [*ONCEONLY, "events", "show", "stripe:evt_on_the_replica", "--format", "json"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["body"] == body.decode()
+
+    on_replica = start_server(procs, "plain_app", env, tmp_path)
+    body, headers = stripe_delivery("evt_sent_to_the_replica")
+    refused = httpx.post(f"{on_replica}/webhooks/stripe", content=body, headers=headers)
+    assert refused.status_code == 503
+    assert refused.headers["retry-after"]
+    # The dashboard (no token: loopback only, as here) reads the replica.
+    page = httpx.get(f"{on_replica}/dashboard/events/{event_id}")
+    assert page.status_code == 200
+    assert "evt_on_the_replica" in page.text

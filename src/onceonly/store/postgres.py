@@ -279,6 +279,17 @@ class PostgresStore(Store):
         return await self._migrate(await self._ensure_pool())
 
     async def _migrate(self, pool: asyncpg.Pool) -> list[int]:
+        async with self._acquire(pool) as conn:
+            # Read-only when the schema is current: every process start
+            # takes this path, and on a hot standby (a replica serving the
+            # dashboard or `onceonly events`) the writing path cannot run.
+            if await conn.fetchval(
+                "SELECT to_regclass('onceonly_schema') IS NOT NULL"
+            ) and await conn.fetchval(
+                "SELECT coalesce(max(version), 0) >= $1 FROM onceonly_schema",
+                migrations.latest("postgresql"),
+            ):
+                return []
         async with self._acquire(pool) as conn, conn.transaction():
             # Serialises concurrent starters; released at commit.
             await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
