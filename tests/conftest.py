@@ -28,6 +28,7 @@ import asyncio
 import atexit
 import contextlib
 import os
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,6 +173,11 @@ def pytest_report_header() -> list[str]:
     lines = [f"onceonly engines: {', '.join(ENGINES)}"]
     if "postgresql" in ENGINES:
         lines.append(f"PostgreSQL {POSTGRES.version}, {POSTGRES.origin}: {POSTGRES.url}")
+    with contextlib.suppress(pgcluster.ClusterError, OSError, subprocess.SubprocessError):
+        binaries = pgcluster.bin_dir()
+        if binaries is not None:
+            version = pgcluster.server_version(binaries)
+            lines.append(f"PostgreSQL binaries (failover test): {version}, {binaries}")
     missing = browser_missing()
     if missing:
         lines.append(
