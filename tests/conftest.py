@@ -141,7 +141,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
                 raise
             unreachable = exc
         POSTGRES.start_bundled()
-        POSTGRES.origin += f"; nothing answered at {_DEFAULT_URL}: {unreachable!r}"
+        POSTGRES.origin += f", as nothing answered at {_DEFAULT_URL} ({unreachable})"
         asyncio.run(POSTGRES.prepare())
     except pgcluster.ClusterError as exc:
         POSTGRES.stop_bundled()
@@ -172,7 +172,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def pytest_report_header() -> list[str]:
     lines = [f"onceonly engines: {', '.join(ENGINES)}"]
     if "postgresql" in ENGINES:
-        lines.append(f"PostgreSQL {POSTGRES.version}, {POSTGRES.origin}: {POSTGRES.url}")
+        lines.append(f"PostgreSQL {POSTGRES.version} at {POSTGRES.url}, {POSTGRES.origin}")
     with contextlib.suppress(pgcluster.ClusterError, OSError, subprocess.SubprocessError):
         binaries = pgcluster.bin_dir()
         if binaries is not None:

