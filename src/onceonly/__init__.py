@@ -20,6 +20,7 @@ from ._exceptions import (
     PayloadPurged,
     SignatureError,
     StoreError,
+    StoreRejected,
     StoreUnavailable,
     UnknownProvider,
 )
@@ -104,6 +105,7 @@ __all__ = [
     "SignatureError",
     "Store",
     "StoreError",
+    "StoreRejected",
     "StoreUnavailable",
     "UnknownProvider",
     "Worker",

@@ -10,7 +10,8 @@ The hierarchy::
     │   ├── UnknownProvider      no provider configured under that name
     │   └── BodyTooLarge         body over the configured limit
     ├── StoreError               the database did something unexpected
-    │   └── StoreUnavailable     the database cannot be reached right now (retry later)
+    │   ├── StoreUnavailable     the database cannot be reached right now (retry later)
+    │   └── StoreRejected        the database refused a value of this item (retrying won't help)
     ├── PayloadPurged            replay of an event whose payload `purge` dropped
     ├── ApiError                 a provider's API answered with an error (4xx, bad body)
     │   └── ApiUnavailable       its API cannot be reached or kept failing (retry later)
@@ -35,6 +36,7 @@ __all__ = [
     "PayloadPurged",
     "SignatureError",
     "StoreError",
+    "StoreRejected",
     "StoreUnavailable",
     "UnknownProvider",
 ]
@@ -99,6 +101,12 @@ class StoreError(OnceonlyError):
 
 class StoreUnavailable(StoreError):
     """The database cannot be reached now; the caller should retry later."""
+
+
+class StoreRejected(StoreError):
+    """The database refused a value of this item (an encoding it cannot hold,
+    a size over one of its limits): the same item will be refused again, and
+    other items are not concerned."""
 
 
 class PayloadPurged(OnceonlyError):

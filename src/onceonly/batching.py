@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Generic, TypeVar
 
-from ._exceptions import StoreUnavailable
+from ._exceptions import StoreError, StoreUnavailable
 
 __all__ = ["GroupCommit", "ThreadGroupCommit"]
 
@@ -75,6 +75,9 @@ class GroupCommit(Generic[T, R]):
                             future.set_exception(StoreUnavailable("shutting down"))
                     raise
                 except Exception as exc:
+                    if _one_by_one(exc, batch):
+                        await self._each_alone(batch)
+                        continue
                     # The whole transaction failed: nothing in it was stored, so
                     # every caller in it gets the error.
                     for _, future in batch:
@@ -88,6 +91,26 @@ class GroupCommit(Generic[T, R]):
                         future.set_result(result)
         finally:
             self._running -= 1
+
+    async def _each_alone(self, batch: Sequence[tuple[T, asyncio.Future[R]]]) -> None:
+        """The batch's items again, one transaction each: only the one the
+        database refuses fails."""
+        for n, (item, future) in enumerate(batch):
+            try:
+                (result,) = await self.flush([item])
+            except asyncio.CancelledError:
+                for _, waiting in batch[n:]:
+                    if not waiting.done():
+                        waiting.set_exception(StoreUnavailable("shutting down"))
+                raise
+            except Exception as exc:
+                if not future.done():
+                    future.set_exception(exc)
+                continue
+            self.batches += 1
+            self.items += 1
+            if not future.done():
+                future.set_result(result)
 
 
 class ThreadGroupCommit(Generic[T, R]):
@@ -159,6 +182,20 @@ class ThreadGroupCommit(Generic[T, R]):
         if restart:
             self._start()
 
+    def _each_alone(self, batch: Sequence[tuple[T, asyncio.Future[R]]]) -> list[R | BaseException]:
+        """On the store's thread: one transaction per item (see GroupCommit)."""
+        answers: list[R | BaseException] = []
+        for item, _ in batch:
+            try:
+                (result,) = self.apply([item])
+            except Exception as exc:
+                answers.append(exc)
+                continue
+            self.batches += 1
+            self.items += 1
+            answers.append(result)
+        return answers
+
     def _drain(self) -> None:
         """On the store's thread: commit batch after batch while items wait."""
         deadline = time.monotonic() + self.max_seconds
@@ -173,11 +210,12 @@ class ThreadGroupCommit(Generic[T, R]):
                     first = False
                     batch = self._queue[: self.max_batch]
                     del self._queue[: self.max_batch]
+                results: Sequence[R | BaseException] | BaseException
                 try:
-                    results: Sequence[R] | BaseException = self.apply([i for i, _ in batch])
+                    results = self.apply([i for i, _ in batch])
                 except Exception as exc:
                     # The whole transaction failed: nothing in it was stored.
-                    results = exc
+                    results = self._each_alone(batch) if _one_by_one(exc, batch) else exc
                 else:
                     self.batches += 1
                     self.items += len(batch)
@@ -193,12 +231,13 @@ class ThreadGroupCommit(Generic[T, R]):
 
 
 def _by_loop(
-    batch: Sequence[tuple[T, asyncio.Future[R]]], results: Sequence[R] | BaseException
+    batch: Sequence[tuple[T, asyncio.Future[R]]],
+    results: Sequence[R | BaseException] | BaseException,
 ) -> Iterator[
     tuple[
         asyncio.AbstractEventLoop,
         Sequence[tuple[T, asyncio.Future[R]]],
-        Sequence[R] | BaseException,
+        Sequence[R | BaseException] | BaseException,
     ]
 ]:
     """The batch and its results split by the callers' event loops."""
@@ -217,12 +256,27 @@ def _by_loop(
 
 
 def _settle(
-    batch: Sequence[tuple[T, asyncio.Future[R]]], results: Sequence[R] | BaseException
+    batch: Sequence[tuple[T, asyncio.Future[R]]],
+    results: Sequence[R | BaseException] | BaseException,
 ) -> None:
     for i, (_, future) in enumerate(batch):
         if future.done():  # the caller went away
             continue
-        if isinstance(results, BaseException):
-            future.set_exception(results)
+        answer = results if isinstance(results, BaseException) else results[i]
+        if isinstance(answer, BaseException):
+            future.set_exception(answer)
         else:
-            future.set_result(results[i])
+            future.set_result(answer)
+
+
+def _one_by_one(failure: Exception, batch: Sequence[object]) -> bool:
+    """Whether a failed batch is worth trying again item by item: the database
+    refused something in it, and not because it is down (then every item
+    would fail alike, and one transaction each would only add load). Without
+    this, one delivery the database cannot store would fail every delivery
+    that happened to share its commit."""
+    return (
+        len(batch) > 1
+        and isinstance(failure, StoreError)
+        and not isinstance(failure, StoreUnavailable)
+    )

@@ -5,13 +5,32 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ._exceptions import UnknownProvider
+from ._exceptions import PayloadError, StoreRejected, UnknownProvider
 from .batching import GroupCommit
-from .events import Delivery, NewEvent, Receipt
+from .events import Delivery, EventInfo, NewEvent, Receipt
 from .providers import Provider
 from .store import Store
 
 __all__ = ["GroupCommit", "Inbox"]
+
+#: Longest event id or type stored. Providers' ids are a few dozen characters
+#: (Stripe's ``evt_`` ids, UUIDs, Mercado Pago's numbers); the bound keeps a
+#: key well inside every index's row limit, whatever JSON type it came as.
+MAX_TEXT = 255
+
+
+def _check_text(value: str, what: str) -> None:
+    """Refuse, before it reaches a batch, text no engine stores faithfully."""
+    if not value:
+        raise PayloadError(f"the {what} is empty")
+    if len(value) > MAX_TEXT:
+        raise PayloadError(f"the {what} is longer than {MAX_TEXT} characters")
+    if "\x00" in value:
+        raise PayloadError(f"the {what} contains a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PayloadError(f"the {what} is not valid Unicode (a lone surrogate)") from None
 
 
 class Inbox:
@@ -40,6 +59,16 @@ class Inbox:
         # Authenticate first: nothing from an unverified body is parsed or kept.
         provider.verify(delivery)
         info = provider.identify(delivery)
+        _check_text(info.event_id, "event id")
+        if info.event_type is not None:
+            _check_text(info.event_type, "event type")
+        try:
+            return await self._store(delivery, info)
+        except StoreRejected as exc:
+            # Refused alone (see batching): this event only, never its neighbours.
+            raise PayloadError(f"the database cannot store this event: {exc}") from None
+
+    async def _store(self, delivery: Delivery, info: EventInfo) -> Receipt:
         return await self.commits.submit(
             NewEvent(
                 provider=delivery.provider,

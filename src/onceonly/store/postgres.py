@@ -23,7 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from .._exceptions import StoreError, StoreUnavailable
+from .._exceptions import StoreError, StoreRejected, StoreUnavailable
 from ..events import Event, EventStatus, NewEvent, Receipt
 from . import migrations
 from .base import Store, collapse, receipts
@@ -81,6 +81,15 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     # dropped (see _acquire) so that the next ones, with
     # target_session_attrs=read-write, find the new primary.
     asyncpg.ReadOnlySQLTransactionError,
+)
+
+
+# A value the server (or asyncpg, encoding it) cannot take: a NUL in text, a
+# lone surrogate, an index row over its size limit. The same value fails
+# again; other rows are fine.
+_REJECTED: tuple[type[BaseException], ...] = (
+    asyncpg.DataError,
+    asyncpg.ProgramLimitExceededError,
 )
 
 
@@ -220,6 +229,8 @@ class PostgresStore(Store):
                     raise
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"PostgreSQL at {self.url}: {exc!r}") from exc
+        except _REJECTED as exc:
+            raise StoreRejected(f"PostgreSQL refused a value: {exc}") from exc
         except asyncpg.PostgresError as exc:
             raise StoreError(f"PostgreSQL: {exc}") from exc
 

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .._exceptions import StoreError, StoreUnavailable
+from .._exceptions import StoreError, StoreRejected, StoreUnavailable
 from ..events import Event, EventStatus, NewEvent, Receipt
 from . import migrations
 from .base import Store, collapse, receipts
@@ -68,6 +68,8 @@ def _translate(exc: sqlite3.Error) -> StoreError:
         word in message.lower() for word in _UNAVAILABLE
     ):
         return StoreUnavailable(f"SQLite: {message}")
+    if isinstance(exc, sqlite3.DataError):  # "string or blob too big" and the like
+        return StoreRejected(f"SQLite: {message}")
     return StoreError(f"SQLite: {message}")
 
 
@@ -125,10 +127,19 @@ class SQLiteStore(Store):
             if self._conn is None:
                 self._conn = self._connect()
             return fn(self._conn)
-        except sqlite3.Error as exc:
+        except BaseException as exc:
+            # Whatever went wrong, no transaction outlives the call: an open
+            # one would hold the file's only write lock against every other
+            # writer (workers, purge, import) until some later call ended it.
             if self._conn is not None and self._conn.in_transaction:
                 self._conn.rollback()
-            raise _translate(exc) from exc
+            if isinstance(exc, sqlite3.Error):
+                raise _translate(exc) from exc
+            if isinstance(exc, UnicodeError | OverflowError):
+                # Raised by sqlite3 while binding a value it cannot store (a
+                # lone surrogate, an integer past 64 bits).
+                raise StoreRejected(f"SQLite cannot store a value: {exc}") from exc
+            raise
 
     def _connect(self) -> sqlite3.Connection:
         if self.path != ":memory:":
