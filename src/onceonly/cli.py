@@ -8,11 +8,13 @@ import json
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import timedelta
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from . import __version__
 from ._click import FORMAT as _FORMAT
@@ -20,6 +22,9 @@ from ._exceptions import ConfigurationError, OnceonlyError, StoreUnavailable
 from .config import Onceonly, load_app
 from .events import Event, EventStatus
 from .store import Store
+
+if TYPE_CHECKING:
+    from .dashboard.redaction import Redactor
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -61,13 +66,13 @@ def _fail_cleanly(fn: Callable[P, T]) -> Callable[P, T]:
         try:
             return fn(*args, **kwargs)
         except ConfigurationError as exc:
-            errors.print(f"[red]configuration error:[/red] {exc}")
+            errors.print(f"[red]configuration error:[/red] {escape(str(exc))}")
             sys.exit(2)
         except StoreUnavailable as exc:
-            errors.print(f"[red]database not reachable:[/red] {exc}")
+            errors.print(f"[red]database not reachable:[/red] {escape(str(exc))}")
             sys.exit(3)
         except OnceonlyError as exc:
-            errors.print(f"[red]error:[/red] {exc}")
+            errors.print(f"[red]error:[/red] {escape(str(exc))}")
             sys.exit(1)
 
     return wrapper
@@ -359,7 +364,10 @@ def list_events(
             str(e.attempts),
             e.received_at.strftime("%Y-%m-%d %H:%M:%S"),
         ]
-        table.add_row(*cells, *([e.last_error or "-"] if with_errors else []))
+        # Text, not str: an event type or error from the network is data,
+        # never Rich markup ("[/bold]" would crash the table, "[link=...]"
+        # would become a terminal hyperlink).
+        table.add_row(*map(Text, cells), *([Text(e.last_error or "-")] if with_errors else []))
     console.print(table)
 
 
@@ -374,27 +382,34 @@ def show_event(app_spec: str | None, database_url: str | None, ref: str, fmt: st
     REF is the row id shown by `events list`, or PROVIDER:EVENT_ID
     (for example stripe:evt_1N...).
     """
+    from .dashboard.redaction import Redactor
     from .operations import attempts_of
 
     app = _load(app_spec, database_url)
     found = _find(app, ref)
     if found is None:
-        errors.print(f"[red]no event {ref}[/red]")
+        errors.print(f"[red]no event {escape(ref)}[/red]")
         sys.exit(1)
     attempts = attempts_of(app.engine, found.id)
+    redactor = Redactor(app.dashboard_redact)
     if fmt == "json":
+        shown = {**found.to_dict(), "headers": redactor.header_values(found.headers)}
+        if "body" in shown:
+            body = redactor.body(found.body, found.headers.get("content-type"))
+            if body.redacted:
+                shown["body"] = body.text
         click.echo(
-            json.dumps(
-                {**found.to_dict(), "attempts_history": [a.to_dict() for a in attempts]}, indent=2
-            )
+            json.dumps({**shown, "attempts_history": [a.to_dict() for a in attempts]}, indent=2)
         )
         return
-    _print_event(found)
+    _print_event(found, redactor)
     if attempts:
         table = Table("attempt", "outcome", "worker", "error", "finished at")
         for a in attempts:
             error = f"{a.error_type}: {a.error_message}" if a.error_type else "-"
-            table.add_row(str(a.attempt), a.outcome, a.worker, error, a.finished_at)
+            table.add_row(
+                *map(Text, (str(a.attempt), a.outcome, a.worker, error, str(a.finished_at)))
+            )
         console.print(table)
         last = attempts[-1]
         if last.traceback:
@@ -429,7 +444,7 @@ def replay_events(
     if ref is not None:
         found = _find(app, ref)
         if found is None:
-            errors.print(f"[red]no event {ref}[/red]")
+            errors.print(f"[red]no event {escape(ref)}[/red]")
             sys.exit(1)
         event_pk = found.id
     else:
@@ -440,7 +455,9 @@ def replay_events(
     if fmt == "json":
         click.echo(json.dumps({"replayed": ids}))
     elif ref is not None and not ids:
-        errors.print(f"[yellow]event {ref} is pending or processing: already in line[/yellow]")
+        errors.print(
+            f"[yellow]event {escape(ref)} is pending or processing: already in line[/yellow]"
+        )
         sys.exit(1)
     else:
         console.print(f"replayed {len(ids)} event(s)")
@@ -565,7 +582,9 @@ def purge_command(
         console.print("dry run: nothing was changed")
 
 
-def _print_event(e: Event) -> None:
+def _print_event(e: Event, redactor: Redactor) -> None:
+    """The event as the dashboard shows it: credentials and the configured
+    fields hidden, data printed as text (never as Rich markup)."""
     table = Table.grid(padding=(0, 2))
     for label, value in [
         ("id", str(e.id)),
@@ -577,23 +596,22 @@ def _print_event(e: Event) -> None:
         ("received at", e.received_at.isoformat()),
         ("duplicates", str(e.duplicates)),
     ]:
-        table.add_row(f"[bold]{label}[/bold]", value)
+        table.add_row(Text(label, style="bold"), Text(value))
     console.print(table)
     if e.payload_purged_at is not None:
         console.print(f"payload purged at {e.payload_purged_at.isoformat()} (onceonly purge)")
         return
     console.print("[bold]headers[/bold]")
-    for name, value in e.headers.items():
-        console.print(f"  {name}: {value}", markup=False, highlight=False)
+    for header in redactor.headers(e.headers):
+        console.print(f"  {header.name}: {header.value}", markup=False, highlight=False)
     console.print("[bold]body[/bold]")
-    data = e.to_dict()
-    if "body" in data:
-        try:
-            console.print_json(data["body"])
-        except (ValueError, TypeError):
-            console.print(data["body"], markup=False, highlight=False)
+    body = redactor.body(e.body, e.headers.get("content-type"))
+    if body.kind == "binary":
+        console.print(f"(binary, base64) {body.text}", markup=False, highlight=False)
     else:
-        console.print(f"(binary, base64) {data['body_base64']}", markup=False)
+        console.print(body.text, markup=False, highlight=False)
+    if body.redacted:
+        console.print(f"({body.redacted} value(s) hidden: ONCEONLY_DASHBOARD_REDACT)")
 
 
 from .importer.command import import_command  # noqa: E402

@@ -116,6 +116,48 @@ def test_serve_then_list_and_show(server: Server, env: dict[str, str], tmp_path:
     assert "no event stripe:nope" in missing.stderr
 
 
+def test_show_hides_credentials_and_never_reads_data_as_markup(
+    server: Server, env: dict[str, str], tmp_path: Path
+) -> None:
+    """What the dashboard hides, the CLI hides, in both formats; an event type
+    written by the sender is printed as it is, never as Rich markup."""
+    body, headers = stripe_delivery(
+        "evt_markup",
+        event_type="[/bold][link=https://evil.example]click[/link]",
+        extra={"Payer": {"Email": "ana@example.com"}, "amount": 1999},
+    )
+    headers = {
+        **headers,
+        "authorization": "Bearer caller-token",
+        "cookie": "session=abc",
+        "x-api_key": "k-123",
+    }
+    response = httpx.post(f"{server.url}/webhooks/stripe", content=body, headers=headers)
+    assert response.status_code == 200
+    env = {**env, "ONCEONLY_DASHBOARD_REDACT": "data.payer.email"}
+    signature = headers["stripe-signature"]
+    secrets = ("caller-token", "session=abc", "k-123", "ana@example.com", signature)
+
+    table = run("events", "list", env=env, cwd=tmp_path)
+    assert table.returncode == 0, table.stderr
+    assert "[/bold][link=https://evil.example]click[/link]" in table.stdout
+    shown = run("events", "show", "stripe:evt_markup", env=env, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "[link=https://evil.example]" in shown.stdout
+    assert "\x1b]8;" not in shown.stdout  # no terminal hyperlink
+    as_json = run("events", "show", "stripe:evt_markup", "--format", "json", env=env, cwd=tmp_path)
+    assert as_json.returncode == 0, as_json.stderr
+    for output in (shown.stdout, as_json.stdout):
+        for secret in secrets:
+            assert secret not in output
+        assert "1999" in output  # what is not configured stays visible
+    data = json.loads(as_json.stdout)
+    assert data["headers"]["authorization"] == "[redacted]"
+    assert json.loads(data["body"])["data"]["Payer"]["Email"] == "[redacted]"
+    missing = run("events", "show", "stripe:[red]nope", env=env, cwd=tmp_path)
+    assert "[red]nope" in missing.stderr
+
+
 def test_bad_status_filter_is_refused(env: dict[str, str], tmp_path: Path) -> None:
     result = run("events", "list", "--status", "lost", env=env, cwd=tmp_path)
     assert result.returncode == 2

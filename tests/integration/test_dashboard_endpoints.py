@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -9,7 +10,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from onceonly import Event, Onceonly
+from onceonly import Event, NewEvent, Onceonly, create_store
 from onceonly.dashboard import DashboardMount
 from onceonly.providers import Stripe
 from support import STRIPE_SECRET, live_server, stripe_delivery
@@ -279,3 +280,47 @@ def test_without_a_token_only_loopback_clients_get_in(
         assert "evt_local" not in response.text
         assert "ONCEONLY_DASHBOARD_TOKEN" in response.text
         assert api.status_code == 403
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "before=" + "9" * 5000,
+        "before=99999999999999999999",
+        "limit=" + "9" * 40,
+        "before=%C2%B2",  # a superscript two: a digit to str.isdigit(), not to int()
+        "provider=%00",
+        "type=" + "x" * 5000,
+    ],
+)
+def test_hostile_query_strings_get_a_400_never_a_500(app: Onceonly, query: str) -> None:
+    with serving(app) as url:
+        deliver(url, "evt_ok")
+        for path in ("/dashboard/events", "/dashboard/api/events"):
+            response = httpx.get(f"{url}{path}?{query}", headers=BEARER)
+            assert response.status_code == 400, (path, response.status_code)
+        huge = httpx.get(f"{url}/dashboard/api/events/{2**70}", headers=BEARER)
+        assert huge.status_code == 404
+        page = httpx.get(f"{url}/dashboard/events/{2**64}", headers=BEARER)
+        assert page.status_code == 404
+
+
+def test_a_payload_nested_100000_deep_renders(app: Onceonly) -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000
+
+    async def store_it() -> int:
+        async with create_store(app.database_url) as store:
+            (receipt,) = await store.insert_events(
+                [NewEvent("stripe", "evt_deep", "x", deep, {"content-type": "application/json"})]
+            )
+            assert receipt.id is not None
+            return receipt.id
+
+    pk = asyncio.run(store_it())
+    with serving(app) as url:
+        page = httpx.get(f"{url}/dashboard/events/{pk}", headers=BEARER)
+        assert page.status_code == 200
+        assert "evt_deep" in page.text
+        # Fields are configured to be hidden, and cannot be found in it: not shown.
+        assert "[[[[" not in page.text
+        assert httpx.get(f"{url}/dashboard/api/events/{pk}", headers=BEARER).status_code == 200

@@ -91,6 +91,12 @@ def test_a_provider_needs_a_secret() -> None:
         ("postgresql://u:pw@h:5432/db", PostgresStore, "postgresql://u:***@h:5432/db"),
         ("postgres://u@h/db", PostgresStore, "postgresql://u@h/db"),
         ("postgresql+asyncpg://u@h/db", PostgresStore, "postgresql://u@h/db"),
+        ("postgresql://u@h/db?password=pw", PostgresStore, "postgresql://u@h/db?password=***"),
+        (
+            "postgresql://u:p%40w@h1:1,h2:2/db?PassWord=a&sslpassword=b&sslmode=require",
+            PostgresStore,
+            "postgresql://u:***@h1:1,h2:2/db?PassWord=***&sslpassword=***&sslmode=require",
+        ),
     ],
 )
 def test_store_chosen_by_url(url: str, kind: type, detail: str) -> None:

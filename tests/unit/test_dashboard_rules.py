@@ -285,3 +285,34 @@ def test_serve_mounts_it_anywhere_with_a_token() -> None:
     off = Onceonly(environ={}, dashboard_path="off", dashboard_token="t" * 32)
     server = _server()
     assert for_serve(off, server, host="127.0.0.1", port=80) is server
+
+
+def test_redaction_ignores_case_and_follows_dotted_keys() -> None:
+    payload = {
+        "Payer": {"Email": "ana@example.com", "name": "Ana"},
+        "payer.email": "flat@example.com",
+        "PAYER": {"EMAIL": "upper@example.com"},
+        "card": {"number": "4242"},
+    }
+    shown = Redactor(["payer.email"]).body(json.dumps(payload).encode())
+    data = json.loads(shown.text)
+    assert data["Payer"] == {"Email": REDACTED, "name": "Ana"}
+    assert data["payer.email"] == REDACTED
+    assert data["PAYER"]["EMAIL"] == REDACTED
+    assert data["card"] == {"number": "4242"}
+    assert shown.redacted == 3
+
+
+@pytest.mark.parametrize("name", ["X-Api_Key", "X_API_KEY", "Asaas-Access-Token", "X-Credential"])
+def test_credential_headers_are_hidden_however_they_are_spelled(name: str) -> None:
+    (shown,) = Redactor().headers({name: "value"})
+    assert shown.value == REDACTED
+
+
+def test_a_payload_nested_deeper_than_python_parses_still_renders() -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000
+    assert Redactor().body(deep).kind == "text"
+    # With fields to hide, a body that cannot be walked is not shown at all.
+    hidden = Redactor(["card.number"]).body(deep)
+    assert hidden.redacted == 1
+    assert "[[[" not in hidden.text

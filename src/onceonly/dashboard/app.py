@@ -41,6 +41,30 @@ log = logging.getLogger("onceonly.dashboard")
 #: event runs its handler again: that stays a deliberate CLI command.
 REPLAYABLE = (EventStatus.FAILED.value, EventStatus.DEAD.value)
 PAGE_SIZE = 50
+#: The largest row id (BIGINT, and SQLite's INTEGER).
+_MAX_ID = 2**63 - 1
+#: Query parameters that must be row ids or counts.
+_NUMBERS = ("before", "limit")
+#: A filter longer than any provider name, event type or id is no filter.
+_MAX_PARAMETER = 1000
+
+
+def _bad_parameters(request: Request) -> str | None:
+    """Why the query string cannot be served, or None. Every value reaches
+    SQL as a parameter; these are the ones a database would refuse with an
+    error (a number past 64 bits, a NUL in text), refused here as a 400."""
+    for name, value in request.query_params.multi_items():
+        if len(value) > _MAX_PARAMETER or "\x00" in value:
+            return f"the {name!r} parameter is too long or holds a NUL"
+        if (
+            name in _NUMBERS
+            and value
+            and not (value.isascii() and value.isdigit() and int(value) <= _MAX_ID)
+        ):
+            return f"the {name!r} parameter must be a whole number below 2^63"
+    return None
+
+
 MAX_FORM_BYTES = 8192
 SESSION_SECONDS = 12 * 3600
 
@@ -147,6 +171,16 @@ class Dashboard:
         async def guarded(request: Request) -> Response:
             if not self.access.authenticated(request):
                 return self._unauthenticated(request)
+            problem = _bad_parameters(request)
+            if problem is not None:
+                if _wants_json(request):
+                    return JSONResponse({"error": problem}, 400)
+                return self._page(request, "error.html", {"title": problem}, status=400)
+            if request.path_params.get("id", 0) > _MAX_ID:
+                # Past the id column's range: no such event (not a database error).
+                if _wants_json(request):
+                    return JSONResponse({"error": "no such event"}, 404)
+                return self._page(request, "error.html", {"title": "No such event"}, status=404)
             try:
                 return await endpoint(request)
             except sa.exc.DBAPIError as exc:

@@ -4,13 +4,20 @@ Two rules:
 
 - **Headers** whose name contains a word that marks a credential
   (``signature``, ``authorization``, ``token``, ``cookie``, ``secret``,
-  ``hmac``, ...) are always hidden: a webhook's signature header is a valid
-  credential for that very body, and a forwarded ``Authorization`` or
-  ``Cookie`` is someone's session.
+  ``hmac``, ``api-key``, ...) are always hidden: a webhook's signature header
+  is a valid credential for that very body, and a forwarded ``Authorization``
+  or ``Cookie`` is someone's session. Names are compared in lower case with
+  ``_`` read as ``-`` (``X-Api_Key`` is ``x-api-key``).
 - **Body fields** named by the operator (``ONCEONLY_DASHBOARD_REDACT=card.number,payer.email``)
   are hidden in JSON and form-encoded bodies. A dotted path walks objects key by
-  key; lists on the way are walked element by element, so ``items.card.number``
-  hides the card number of every item; ``*`` matches any key.
+  key, in any case (``payer.email`` hides ``Payer.Email``), and also matches a
+  key that itself holds dots (``{"payer.email": ...}``, as flattened exports
+  write it); lists on the way are walked element by element, so
+  ``items.card.number`` hides the card number of every item; ``*`` matches any
+  key.
+
+The dashboard and ``onceonly events show`` (every format) show payloads
+through the same rules.
 
 Other bodies (XML, plain text) cannot be redacted field by field and are shown
 as they arrived; a binary body is shown as base64.
@@ -41,6 +48,8 @@ SENSITIVE_HEADER_WORDS = (
     "api-key",
     "apikey",
     "session",
+    "credential",
+    "private-key",
 )
 
 
@@ -74,12 +83,16 @@ class Redactor:
 
     def __init__(self, fields: Iterable[str] = ()) -> None:
         self.fields = parse_fields(fields)
-        self._paths = [tuple(f.split(".")) for f in self.fields]
+        self._paths = [tuple(f.lower().split(".")) for f in self.fields]
 
     @staticmethod
     def is_sensitive_header(name: str) -> bool:
-        lowered = name.lower()
+        lowered = name.lower().replace("_", "-")
         return any(word in lowered for word in SENSITIVE_HEADER_WORDS)
+
+    def header_values(self, headers: Mapping[str, str]) -> dict[str, str]:
+        """`headers` with every credential's value replaced (for JSON output)."""
+        return {h.name: h.value for h in self.headers(headers)}
 
     def headers(self, headers: Mapping[str, str]) -> list[ShownHeader]:
         shown = []
@@ -101,6 +114,14 @@ class Redactor:
             data = json.loads(text)
         except ValueError:
             data = None
+        except RecursionError:
+            # Nested deeper than Python parses (a hostile payload): shown as
+            # text, unless fields are to be hidden, which cannot be found then.
+            if self._paths:
+                return ShownBody(
+                    f"(JSON nested too deeply to redact; {len(body)} bytes hidden)", "text", 1
+                )
+            return ShownBody(text, "text", 0)
         else:
             hidden = [0]
             for path in self._paths:
@@ -115,7 +136,7 @@ class Redactor:
         lines = []
         hidden = 0
         for key, value in parse_qsl(text, keep_blank_values=True):
-            secret = key in names
+            secret = key.lower() in names
             hidden += secret
             lines.append(f"{key}={REDACTED if secret else value}")
         return ShownBody("\n".join(lines), "form", hidden)
@@ -130,8 +151,16 @@ def _redact(node: Any, path: tuple[str, ...], hidden: list[int]) -> Any:
         return [_redact(item, path, hidden) for item in node]
     if not isinstance(node, dict):
         return node
-    head, rest = path[0], path[1:]
-    return {
-        key: _redact(value, rest, hidden) if head in ("*", key) else value
-        for key, value in node.items()
-    }
+    return {key: _redact_key(key, value, path, hidden) for key, value in node.items()}
+
+
+def _redact_key(key: Any, value: Any, path: tuple[str, ...], hidden: list[int]) -> Any:
+    """`value` (found under `key`) with what `path` names from `key` on hidden."""
+    name = str(key).lower()
+    if path[0] in ("*", name):
+        return _redact(value, path[1:], hidden)
+    # A key holding dots stands for as many steps of the path.
+    steps = name.split(".")
+    if len(steps) > 1 and tuple(steps) == path[: len(steps)]:
+        return _redact(value, path[len(steps) :], hidden)
+    return value

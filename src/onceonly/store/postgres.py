@@ -112,11 +112,21 @@ async def _no_session_state(conn: asyncpg.Connection) -> None:
 
 
 def redact(url: str) -> str:
+    """`url` fit for logs and error messages: every password form hidden.
+
+    libpq takes a password in the user info (``user:pw@host``) and as query
+    parameters (``?password=pw``, ``sslpassword=``), in any case; all are
+    replaced by ``***``. Hosts and ports stay (they say where it failed).
+    """
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urlunsplit(parts._replace(netloc=netloc))
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    if at and ":" in userinfo:
+        userinfo = userinfo.split(":", 1)[0] + ":***"
+    query = "&".join(
+        f"{name}=***" if "password" in name.lower() else f"{name}{sep}{value}"
+        for name, sep, value in (p.partition("=") for p in parts.query.split("&") if p)
+    )
+    return urlunsplit(parts._replace(netloc=f"{userinfo}{at}{hosts}", query=query))
 
 
 def _to_event(row: asyncpg.Record) -> Event:
