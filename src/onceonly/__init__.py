@@ -11,9 +11,11 @@ from typing import TYPE_CHECKING, Any
 from ._exceptions import (
     ApiError,
     ApiUnavailable,
+    BodyTimeout,
     BodyTooLarge,
     ConfigurationError,
     DeliveryRejected,
+    HeadersTooLarge,
     NotFetchable,
     OnceonlyError,
     PayloadError,
@@ -81,6 +83,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ApiError",
     "ApiUnavailable",
+    "BodyTimeout",
     "BodyTooLarge",
     "ConfigurationError",
     "Context",
@@ -92,6 +95,7 @@ __all__ = [
     "EventStatus",
     "GroupCommit",
     "Guard",
+    "HeadersTooLarge",
     "Inbox",
     "JobInProgress",
     "NewEvent",

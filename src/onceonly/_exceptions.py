@@ -8,7 +8,9 @@ The hierarchy::
     │   ├── SignatureError       missing, malformed or wrong signature; stale timestamp
     │   ├── PayloadError         body not parseable, no event id
     │   ├── UnknownProvider      no provider configured under that name
-    │   └── BodyTooLarge         body over the configured limit
+    │   ├── BodyTooLarge         body over the configured limit
+    │   ├── HeadersTooLarge      request headers over the configured limit
+    │   └── BodyTimeout          the body did not arrive in time
     ├── StoreError               the database did something unexpected
     │   ├── StoreUnavailable     the database cannot be reached right now (retry later)
     │   └── StoreRejected        the database refused a value of this item (retrying won't help)
@@ -27,9 +29,11 @@ from __future__ import annotations
 __all__ = [
     "ApiError",
     "ApiUnavailable",
+    "BodyTimeout",
     "BodyTooLarge",
     "ConfigurationError",
     "DeliveryRejected",
+    "HeadersTooLarge",
     "NotFetchable",
     "OnceonlyError",
     "PayloadError",
@@ -93,6 +97,20 @@ class BodyTooLarge(DeliveryRejected):
 
     status = 413
     reason = "too-large"
+
+
+class HeadersTooLarge(DeliveryRejected):
+    """The request's headers together are larger than the configured limit."""
+
+    status = 431
+    reason = "headers-too-large"
+
+
+class BodyTimeout(DeliveryRejected):
+    """The sender did not finish sending the body within the configured time."""
+
+    status = 408
+    reason = "body-timeout"
 
 
 class StoreError(OnceonlyError):

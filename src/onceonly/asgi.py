@@ -6,7 +6,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from ._exceptions import BodyTooLarge
+from ._exceptions import BodyTooLarge, HeadersTooLarge
 
 __all__ = [
     "ASGIApp",
@@ -28,10 +28,17 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 _PROBLEM = (b"content-type", b"application/problem+json")
 
 
-def lower_headers(scope: Scope) -> dict[str, str]:
-    """Request headers by lower-case name; repeated headers joined with ", "."""
+def lower_headers(scope: Scope, limit: int | None = None) -> dict[str, str]:
+    """Request headers by lower-case name; repeated headers joined with ", ".
+
+    With `limit`, more than that many bytes of names and values together is
+    refused (:class:`HeadersTooLarge`, 431) before any of them is looked at.
+    """
+    raw_headers = scope["headers"]
+    if limit is not None and sum(len(n) + len(v) for n, v in raw_headers) > limit:
+        raise HeadersTooLarge(f"request headers are over the {limit}-byte limit")
     headers: dict[str, str] = {}
-    for raw_name, raw_value in scope["headers"]:
+    for raw_name, raw_value in raw_headers:
         name = raw_name.decode("latin-1").lower()
         value = raw_value.decode("latin-1")
         headers[name] = f"{headers[name]}, {value}" if name in headers else value
@@ -40,10 +47,22 @@ def lower_headers(scope: Scope) -> dict[str, str]:
 
 async def read_body(headers: dict[str, str], receive: Receive, limit: int) -> bytes | None:
     """The whole request body, refusing more than `limit` bytes before reading
-    them when Content-Length says so; ``None`` if the client went away."""
+    them when Content-Length says so; ``None`` if the client went away.
+    (Callers bound the time it may take with ``asyncio.timeout``.)"""
     declared = headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(f"body of {declared} bytes is over the {limit}-byte limit")
+    # ASCII digits only ("²" is a digit to str.isdigit), and few enough of
+    # them that int() cannot be made to work hard.
+    if (
+        declared is not None
+        and declared.isascii()
+        and declared.isdigit()
+        and (len(declared) > 18 or int(declared) > limit)
+    ):
+        raise BodyTooLarge(f"body of {declared[:20]} bytes is over the {limit}-byte limit")
+    return await _read(receive, limit)
+
+
+async def _read(receive: Receive, limit: int) -> bytes | None:
     chunks: list[bytes] = []
     size = 0
     while True:

@@ -11,6 +11,10 @@ Environment variables:
   ``ONCEONLY_<PROVIDER>_REJECTION_STATUS`` (default 401); provider-specific
   ones (``ONCEONLY_MERCADOPAGO_UNSIGNED``, ...) in ``docs/providers/``.
 - ``ONCEONLY_MAX_BODY_BYTES``: default 1 MiB.
+- ``ONCEONLY_MAX_HEADER_BYTES``: all request headers together, default 32 KiB
+  (more gets 431).
+- ``ONCEONLY_BODY_TIMEOUT``: seconds a sender has to send its whole body,
+  default 10 (a slower one gets 408).
 - ``ONCEONLY_RETRY_AFTER``: seconds announced with a 503, default 5.
 - ``ONCEONLY_MAX_ATTEMPTS``: attempts before an event is ``dead``, default 10.
 - ``ONCEONLY_LEASE_SECONDS``: how long a claimed event stays with a worker that
@@ -66,9 +70,21 @@ if TYPE_CHECKING:
 H = TypeVar("H", bound=Handler)
 A = TypeVar("A", bound=Action)
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "Onceonly", "load_app"]
+__all__ = [
+    "DEFAULT_BODY_TIMEOUT",
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_HEADER_BYTES",
+    "Onceonly",
+    "load_app",
+]
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+#: Every provider's headers fit in a few KiB (Stripe's signature header with
+#: several v1 entries included); 32 KiB leaves room for proxies' additions.
+DEFAULT_MAX_HEADER_BYTES = 32 * 1024
+#: Providers send a webhook's body at once; a sender still trickling after
+#: this many seconds holds a connection open for nothing.
+DEFAULT_BODY_TIMEOUT = 10.0
 
 
 def providers_from_environ(environ: Mapping[str, str]) -> dict[str, Provider]:
@@ -109,6 +125,8 @@ class Onceonly:
         providers: Mapping[str, Provider] | None = None,
         *,
         max_body_bytes: int | None = None,
+        max_header_bytes: int | None = None,
+        body_timeout: float | None = None,
         retry_after: int | None = None,
         max_attempts: int | None = None,
         lease_seconds: float | None = None,
@@ -140,6 +158,19 @@ class Onceonly:
                 "ONCEONLY_MAX_BODY_BYTES",
             )
         )
+        self.max_header_bytes = (
+            max_header_bytes
+            if max_header_bytes is not None
+            else parse_int(
+                env.get("ONCEONLY_MAX_HEADER_BYTES", str(DEFAULT_MAX_HEADER_BYTES)),
+                "ONCEONLY_MAX_HEADER_BYTES",
+            )
+        )
+        self.body_timeout = (
+            body_timeout
+            if body_timeout is not None
+            else _float(env, "ONCEONLY_BODY_TIMEOUT", DEFAULT_BODY_TIMEOUT)
+        )
         self.retry_after = (
             retry_after
             if retry_after is not None
@@ -167,6 +198,10 @@ class Onceonly:
         self._engine: sa.Engine | None = None
         if self.max_body_bytes <= 0:
             raise ConfigurationError("max_body_bytes must be positive")
+        if self.max_header_bytes <= 0:
+            raise ConfigurationError("max_header_bytes must be positive")
+        if self.body_timeout <= 0:
+            raise ConfigurationError("body_timeout must be positive")
         if self.retry_after < 0:
             raise ConfigurationError("retry_after must be >= 0")
         self._store: Store | None = None

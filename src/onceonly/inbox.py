@@ -7,7 +7,8 @@ from collections.abc import Mapping
 
 from ._exceptions import PayloadError, StoreRejected, UnknownProvider
 from .batching import GroupCommit
-from .events import Delivery, EventInfo, NewEvent, Receipt
+from .events import Delivery, NewEvent, Receipt
+from .headers import ReadHeaders
 from .providers import Provider
 from .store import Store
 
@@ -56,29 +57,23 @@ class Inbox:
 
     async def receive(self, delivery: Delivery) -> Receipt:
         provider = self.provider(delivery.provider)
+        headers = ReadHeaders(delivery.headers)
+        delivery = Delivery(delivery.provider, delivery.body, headers, delivery.query)
         # Authenticate first: nothing from an unverified body is parsed or kept.
         provider.verify(delivery)
         info = provider.identify(delivery)
         _check_text(info.event_id, "event id")
         if info.event_type is not None:
             _check_text(info.event_type, "event type")
+        event = NewEvent(
+            provider=delivery.provider,
+            event_id=info.event_id,
+            event_type=info.event_type,
+            body=delivery.body,
+            headers=headers.kept(info.extra_headers),
+        )
         try:
-            return await self._store(delivery, info)
+            return await self.commits.submit(event)
         except StoreRejected as exc:
             # Refused alone (see batching): this event only, never its neighbours.
             raise PayloadError(f"the database cannot store this event: {exc}") from None
-
-    async def _store(self, delivery: Delivery, info: EventInfo) -> Receipt:
-        return await self.commits.submit(
-            NewEvent(
-                provider=delivery.provider,
-                event_id=info.event_id,
-                event_type=info.event_type,
-                body=delivery.body,
-                headers=(
-                    {**delivery.headers, **info.extra_headers}
-                    if info.extra_headers
-                    else delivery.headers
-                ),
-            )
-        )

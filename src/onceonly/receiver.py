@@ -13,7 +13,9 @@ situation                                    status  stored
 path is not ``/{provider}``                  404     no
 method is not POST                           405     no
 provider not configured                      404     no
+headers over ``max_header_bytes``           431     no
 body over ``max_body_bytes``                 413     no
+body not complete within ``body_timeout``    408     no
 signature missing, malformed, wrong, stale   401*    no
 body not parseable, or no event id           400     no
 database unreachable                         503     no (``Retry-After`` says when)
@@ -28,11 +30,12 @@ even more.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
-from ._exceptions import DeliveryRejected, StoreError
+from ._exceptions import BodyTimeout, DeliveryRejected, StoreError
 from .asgi import Receive, Scope, Send, lower_headers, read_body, send_problem, send_response
 from .events import Delivery
 from .metrics import MetricsEndpoint
@@ -67,6 +70,8 @@ class Receiver:
         self._metrics_endpoint = MetricsEndpoint(self.metrics)
         self.prefix = prefix.rstrip("/")
         self.max_body_bytes = onceonly.max_body_bytes
+        self.max_header_bytes = onceonly.max_header_bytes
+        self.body_timeout = onceonly.body_timeout
         self._retry_after = str(onceonly.retry_after).encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -129,8 +134,16 @@ class Receiver:
             return
         try:
             self.inbox.provider(provider)  # 404 before reading the body
-            headers = lower_headers(scope)
-            body = await read_body(headers, receive, self.max_body_bytes)
+            headers = lower_headers(scope, self.max_header_bytes)
+            try:
+                # A sender trickling its body must not hold the connection
+                # (and the request's memory) for as long as it likes.
+                async with asyncio.timeout(self.body_timeout):
+                    body = await read_body(headers, receive, self.max_body_bytes)
+            except TimeoutError:
+                raise BodyTimeout(
+                    f"the body did not arrive within {self.body_timeout:g} s"
+                ) from None
             if body is None:
                 return  # the client disconnected; there is nobody to answer
             raw_query: bytes = scope.get("query_string", b"")
@@ -194,5 +207,7 @@ _TITLES = {
     "payload": "Invalid Payload",
     "unknown-provider": "Unknown Provider",
     "too-large": "Payload Too Large",
+    "headers-too-large": "Request Header Fields Too Large",
+    "body-timeout": "Request Timeout",
     "rejected": "Rejected",
 }
