@@ -340,6 +340,20 @@ def test_rejected_rows_go_to_a_file_ready_to_fix_and_import_again(
     assert kept[1][2:] == rows[-1]
 
 
+def test_rejected_cells_never_run_as_formulas_in_a_spreadsheet(
+    db: sa.Engine, database_url: str, tmp_path: Path
+) -> None:
+    hostile = ['=HYPERLINK("http://evil.example")', "@SUM(1+1)", "+1+1", "-2+3"]
+    rows = [["123.456.789-00", *hostile, "-1.234,56", ""]]
+    rejects = tmp_path / "rejeitados.csv"
+    run(write_csv(tmp_path / "c.csv", rows), database_url, rejects=rejects)
+    with rejects.open(encoding="utf-8-sig", newline="") as f:
+        kept = list(csv.reader(f, delimiter=";"))
+    cells = kept[1][3:]  # after the line, the reason and the CPF
+    assert cells[:4] == ["'" + cell for cell in hostile]
+    assert cells[4] == "-1.234,56"  # a plain negative number stays a number
+
+
 def test_headers_are_mapped_by_name_or_explicitly(
     db: sa.Engine, database_url: str, tmp_path: Path
 ) -> None:

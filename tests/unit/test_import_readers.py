@@ -326,3 +326,47 @@ def test_yes_and_no(text: object, value: bool) -> None:
 def test_what_is_not_yes_or_no_is_refused() -> None:
     with pytest.raises(InvalidValue, match="sim/não"):
         parse_bool("talvez")
+
+
+def _workbook_with_shared_strings(xml_tail: bytes, repeat: int) -> bytes:
+    """A valid XLSX whose xl/sharedStrings.xml is replaced by a large,
+    highly compressible one (as a zip bomb is made)."""
+    import zipfile
+
+    book = openpyxl.Workbook()
+    book.active.append(["cpf", "nome"])
+    book.active.append(["123", "x"])
+    plain = io.BytesIO()
+    book.save(plain)
+    out = io.BytesIO()
+    with (
+        zipfile.ZipFile(io.BytesIO(plain.getvalue())) as source,
+        zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as target,
+    ):
+        for item in source.infolist():
+            if item.filename != "xl/sharedStrings.xml":
+                target.writestr(item, source.read(item))
+        head = (
+            b'<?xml version="1.0" encoding="UTF-8"?><sst xmlns="http://schemas.openxmlformats'
+            b'.org/spreadsheetml/2006/main" count="%d" uniqueCount="%d">' % (repeat, repeat)
+        )
+        target.writestr("xl/sharedStrings.xml", head + xml_tail * repeat + b"</sst>")
+    return out.getvalue()
+
+
+def test_an_xlsx_whose_shared_strings_unpack_past_the_limit_is_refused_before_parsing() -> None:
+    import time
+
+    # About 70 MB of shared strings in a file of well under 1 MB.
+    bomb = _workbook_with_shared_strings(b"<si><t>" + b"a" * 100 + b"</t></si>", 600_000)
+    assert len(bomb) < 1_000_000
+    started = time.monotonic()
+    with pytest.raises(FileFormatError, match="shared strings unpack to"):
+        open_sheet(io.BytesIO(bomb))
+    assert time.monotonic() - started < 5
+
+
+def test_an_xlsx_declaring_millions_of_shared_strings_is_refused() -> None:
+    many = _workbook_with_shared_strings(b"<si><t>a</t></si>", 2_500_000)
+    with pytest.raises(FileFormatError, match="shared strings"):
+        open_sheet(io.BytesIO(many))

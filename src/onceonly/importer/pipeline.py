@@ -398,8 +398,25 @@ class Importer:
         if len(self._rejections) < MAX_LISTED_REJECTIONS:
             self._rejections.append(rejection)
         if self._rejects is not None:
-            shown = ["" if c is None else to_text(c) for c in cells]
-            self._rejects.writerow([rejection.line, rejection.reason, *shown])
+            shown = [_inert("" if c is None else to_text(c)) for c in cells]
+            self._rejects.writerow([rejection.line, _inert(rejection.reason), *shown])
+
+
+#: What makes a spreadsheet program read a cell as a formula (OWASP's list).
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _inert(text: str) -> str:
+    """`text` as a spreadsheet will show it, never run it: the rejects file is
+    opened by people in Excel or LibreOffice, and its cells came from the
+    imported file (``=HYPERLINK(...)``, ``@SUM(1+1)``). A leading quote
+    keeps such a cell text; a plain negative number is left alone, so the
+    fixed file imports as it should."""
+    if not text.startswith(_FORMULA_STARTS):
+        return text
+    if text[0] == "-" and text[1:].replace(".", "", 1).replace(",", "", 1).isdigit():
+        return text
+    return "'" + text
 
 
 def _invalid(line: int, cells: Sequence[object], plan: Plan) -> Rejection:
