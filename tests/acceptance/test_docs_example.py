@@ -67,14 +67,29 @@ def example_app(database_url: str, tmp_path: Path) -> Iterator[str]:
         assert "Traceback" not in out, out
 
 
-def test_the_documented_application_creates_one_order_and_one_payment(
+def test_the_documented_application_creates_one_order_per_client_and_one_payment(
     example_app: str, database_url: str
 ) -> None:
-    with httpx.Client(base_url=example_app, timeout=10) as client:
+    caller = {"authorization": "Bearer customer-1"}
+    with httpx.Client(base_url=example_app, timeout=10, headers=caller) as client:
         first = client.post("/orders", json={"item": "book"}, headers={"Idempotency-Key": "k-1"})
         again = client.post("/orders", json={"item": "book"}, headers={"Idempotency-Key": "k-1"})
         missing = client.post("/orders", json={"item": "book"})
+        nobody = httpx.post(
+            f"{example_app}/orders", json={"item": "book"}, headers={"Idempotency-Key": "k-1"}
+        )
+        other = client.post(
+            "/orders",
+            json={"item": "book"},
+            headers={"Idempotency-Key": "k-1", "authorization": "Bearer customer-2"},
+        )
         assert first.status_code == 201, first.text
+        # No credential, no client to scope the key to: refused, not replayed.
+        assert nobody.status_code == 400
+        assert "idempotent-replayed" not in nobody.headers
+        # Another client's same key is its own: a new order, not the first one's.
+        assert other.status_code == 201
+        assert "idempotent-replayed" not in other.headers
         assert again.status_code == 201
         assert again.headers["idempotent-replayed"] == "true"
         assert again.json() == first.json()
@@ -100,4 +115,4 @@ def test_the_documented_application_creates_one_order_and_one_payment(
     finally:
         engine.dispose()
     assert [tuple(row) for row in paid] == [("pi_1", 1990)]
-    assert ordered == 1
+    assert ordered == 2  # one per client that sent key k-1

@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from onceonly import create_store
-from onceonly.idempotency import IdempotencyMiddleware
+from onceonly.idempotency import IdempotencyMiddleware, by_header
 from onceonly.idempotency.records import Completion, KeyClaim, StoredResponse
 from onceonly.idempotency.storage import key_store_for
 from support import live_server
@@ -111,6 +111,31 @@ async def test_first_request_runs_and_repeats_replay_it(server: str, shop: Shop)
     assert again.headers["idempotent-replayed"] == "true"
     assert "set-cookie" not in again.headers  # documented policy: cookies are not replayed
     assert other.json()["id"] == 2
+    assert shop.runs["orders"] == 2
+
+
+async def test_one_cookie_users_response_is_never_replayed_to_another(
+    shop: Shop, database_url: str
+) -> None:
+    """Cookie sessions send no Authorization. By default such a request has no
+    client to scope its key to and is refused; scoped by the cookie, each user
+    gets their own answer."""
+    ana = {"idempotency-key": "checkout-1", "cookie": "session=ana"}
+    bia = {"idempotency-key": "checkout-1", "cookie": "session=bia"}
+    with serve(shop, database_url) as url:
+        async with httpx.AsyncClient(base_url=url) as client:
+            refused = await client.post("/orders", json={"card": "**** 4242"}, headers=ana)
+    assert refused.status_code == 400
+    assert refused.json()["type"].endswith("idempotency-key-unscoped")
+    assert shop.runs.get("orders", 0) == 0  # not run unprotected either
+    with serve(shop, database_url, scope=by_header("cookie")) as url:
+        async with httpx.AsyncClient(base_url=url) as client:
+            first = await client.post("/orders", json={"card": "**** 4242"}, headers=ana)
+            other = await client.post("/orders", json={"card": "**** 1881"}, headers=bia)
+            again = await client.post("/orders", json={"card": "**** 4242"}, headers=ana)
+    assert (first.status_code, other.status_code, again.status_code) == (201, 201, 201)
+    assert "4242" not in other.text
+    assert again.headers["idempotent-replayed"] == "true"
     assert shop.runs["orders"] == 2
 
 

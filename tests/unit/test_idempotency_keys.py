@@ -50,8 +50,9 @@ def test_scope_is_a_stable_hash_of_the_credential_never_the_credential() -> None
     a = scope({"authorization": "Bearer sk_a"})
     assert a == scope({"authorization": "Bearer sk_a"})  # remembered, same answer
     assert a != scope({"authorization": "Bearer sk_b"})
+    assert a is not None
     assert "sk_a" not in a
-    assert scope({}) == "anonymous"
+    assert scope({}) is None  # no credential, no client: never a shared scope
     assert by_header("authorization")({"authorization": "Bearer sk_a"}) == a
 
 

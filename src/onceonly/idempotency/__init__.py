@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .keys import ClientScope, InvalidKey, by_header, fingerprint, parse_key
+from .keys import ClientScope, InvalidKey, by_header, fingerprint, parse_key, public_scope
 from .middleware import DEFAULT_RELEASE_STATUSES, IdempotencyMiddleware
 from .records import StoredResponse
 
@@ -15,4 +15,5 @@ __all__ = [
     "by_header",
     "fingerprint",
     "parse_key",
+    "public_scope",
 ]

@@ -5,7 +5,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 
-__all__ = ["ClientScope", "HeaderScope", "InvalidKey", "by_header", "fingerprint", "parse_key"]
+__all__ = [
+    "ClientScope",
+    "HeaderScope",
+    "InvalidKey",
+    "by_header",
+    "fingerprint",
+    "parse_key",
+    "public_scope",
+]
 
 MAX_KEY_LENGTH = 255
 
@@ -81,7 +89,9 @@ def fingerprint(
 
 #: Maps a request's headers (lower-case names) to the identity keys are
 #: scoped to. Two clients sending the same key never see each other's response.
-ClientScope = Callable[[Mapping[str, str]], str]
+#: ``None`` means the request names no client: a request with a key and no
+#: client is refused (400), never put in a scope shared with other clients.
+ClientScope = Callable[[Mapping[str, str]], str | None]
 
 
 class HeaderScope:
@@ -99,10 +109,13 @@ class HeaderScope:
         self.header = header.lower()
         self._memo: dict[str, str] = {}
 
-    def __call__(self, headers: Mapping[str, str]) -> str:
+    def __call__(self, headers: Mapping[str, str]) -> str | None:
         value = headers.get(self.header)
         if not value:
-            return "anonymous"
+            # No credential, no client: with cookie sessions, "everyone
+            # without Authorization" was one scope, and one user's stored
+            # response (their card's last digits) was replayed to another.
+            return None
         scope = self._memo.get(value)
         if scope is None:
             digest = hashlib.sha256(f"{self.header}:{value}".encode("latin-1"))
@@ -115,6 +128,14 @@ class HeaderScope:
 
 def by_header(name: str = "authorization") -> ClientScope:
     """Scope keys by a credential header (default ``Authorization``), hashed so
-    the credential itself is never stored. Requests without it share the scope
-    ``anonymous``."""
+    the credential itself is never stored. A request with an Idempotency-Key
+    but without the header is refused with 400."""
     return HeaderScope(name)
+
+
+def public_scope(headers: Mapping[str, str]) -> str:
+    """One scope for every request: for an endpoint without client identity
+    (a guest checkout) whose keys are unguessable, and only where a response
+    replayed to whoever sends the same key gives away nothing. Declaring it is
+    a decision; it is never a default."""
+    return "public"

@@ -294,6 +294,19 @@ class IdempotencyMiddleware:
                 send, 400, "idempotency-key-invalid", "Invalid Idempotency-Key", str(exc)
             )
             return
+        client = self.scope(headers)
+        if not client:
+            # Never a scope shared by every client that lacks an identity:
+            # one's stored response would be replayed to another.
+            await _problem(
+                send,
+                400,
+                "idempotency-key-unscoped",
+                "Idempotency-Key Without a Client",
+                "an Idempotency-Key is scoped to the client that sent it, and this "
+                "request does not say who that is (no credential)",
+            )
+            return
         try:
             body = await read_body(headers, receive, self.max_request_bytes)
         except BodyTooLarge:
@@ -308,7 +321,6 @@ class IdempotencyMiddleware:
             return
         if body is None:
             return  # the client went away
-        client = self.scope(headers)
         fp = fingerprint(
             scope["method"],
             path,
