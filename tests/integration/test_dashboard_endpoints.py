@@ -9,6 +9,7 @@ from contextlib import contextmanager
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
 from onceonly import Event, NewEvent, Onceonly, create_store
 from onceonly.dashboard import DashboardMount
@@ -331,3 +332,29 @@ def test_a_payload_nested_100000_deep_renders(app: Onceonly) -> None:
         # Fields are configured to be hidden, and cannot be found in it: not shown.
         assert "[[[[" not in page.text
         assert httpx.get(f"{url}/dashboard/api/events/{pk}", headers=BEARER).status_code == 200
+
+
+def test_logout_ends_the_session_on_every_receiver_and_sessions_expire(app: Onceonly) -> None:
+    """A copied cookie (a shared machine, a stolen one) dies with logout, on
+    every receiver of the database, and an expired session is refused by the
+    server whatever the browser still sends."""
+    other = deployment(app.database_url)  # a second receiver, same database
+    with serving(app) as url, serving(other) as url_b:
+        deliver(url, "evt_session")
+        with signed_in(url) as client:
+            cookie = client.cookies.get("onceonly_dashboard")
+            assert cookie
+            copied = {"cookie": f"onceonly_dashboard={cookie}"}
+            assert httpx.get(f"{url}/dashboard/events", headers=copied).status_code == 200
+            assert httpx.get(f"{url_b}/dashboard/events", headers=copied).status_code == 200
+            page = client.get("/dashboard/events")
+            out = client.post("/dashboard/logout", data={"csrf": csrf_of(page.text)})
+            assert out.status_code == 303
+        for base in (url, url_b):
+            assert httpx.get(f"{base}/dashboard/events", headers=copied).status_code == 401
+
+        with signed_in(url) as client:
+            assert client.get("/dashboard/events").status_code == 200
+            with app.engine.begin() as conn:
+                conn.execute(sa.text("UPDATE onceonly_dashboard_sessions SET expires_at = 0"))
+            assert client.get("/dashboard/events").status_code == 401

@@ -145,22 +145,34 @@ def test_with_a_token_anyone_may_reach_the_login_but_only_the_token_opens() -> N
     access = Access("t" * 20)
     remote = _request("203.0.113.9", {"host": "ops.example.com"})
     assert access.allowed(remote)
-    assert not access.authenticated(remote)
-    assert access.authenticated(_request(headers={"authorization": "Bearer " + "t" * 20}))
-    assert access.authenticated(_request(headers={"authorization": "bearer " + "t" * 20}))
-    assert not access.authenticated(_request(headers={"authorization": "Bearer " + "t" * 19}))
-    assert not access.authenticated(_request(headers={"authorization": "Basic " + "t" * 20}))
-    cookie = {"cookie": f"onceonly_dashboard={access.session_value}"}
-    assert access.authenticated(_request(headers=cookie))
-    assert not access.authenticated(_request(headers={"cookie": "onceonly_dashboard=" + "t" * 20}))
+    assert not access.bearer(remote)
+    assert access.bearer(_request(headers={"authorization": "Bearer " + "t" * 20}))
+    assert access.bearer(_request(headers={"authorization": "bearer " + "t" * 20}))
+    assert not access.bearer(_request(headers={"authorization": "Bearer " + "t" * 19}))
+    assert not access.bearer(_request(headers={"authorization": "Basic " + "t" * 20}))
+
+
+def test_a_session_cookie_names_its_session_only_with_the_right_hmac() -> None:
+    access = Access("t" * 20)
+    cookie = access.session_cookie("abc123")
+    assert "t" * 20 not in cookie  # never the token
+    assert access.session_id(_request(headers={"cookie": f"onceonly_dashboard={cookie}"})) == (
+        "abc123"
+    )
+    forged = cookie.replace("abc123", "abc124")
+    for value in (forged, "abc123", "abc123.", ".", "t" * 20, ""):
+        request = _request(headers={"cookie": f"onceonly_dashboard={value}"})
+        assert access.session_id(request) is None, value
+    # A cookie from a deployment with another token names nothing here.
+    other = Access("u" * 20).session_cookie("abc123")
+    assert access.session_id(_request(headers={"cookie": f"onceonly_dashboard={other}"})) is None
 
 
 def test_session_and_csrf_values_follow_the_token() -> None:
     # Two receivers with the same token accept each other's cookies and forms.
-    assert Access("a" * 20).session_value == Access("a" * 20).session_value
+    assert Access("a" * 20).session_cookie("s") == Access("a" * 20).session_cookie("s")
     assert Access("a" * 20).csrf_token == Access("a" * 20).csrf_token
-    assert Access("a" * 20).session_value != Access("b" * 20).session_value
-    assert Access("a" * 20).csrf_token != Access("a" * 20).session_value
+    assert Access("a" * 20).session_cookie("s") != Access("b" * 20).session_cookie("s")
     # Without a token, each process has its own key.
     assert Access(None).csrf_token != Access(None).csrf_token
 

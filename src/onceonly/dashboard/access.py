@@ -5,8 +5,9 @@ Two modes, chosen by whether an access token is configured:
 - **Token** (``ONCEONLY_DASHBOARD_TOKEN``): every page, JSON endpoint and action
   needs it, from anywhere: as ``Authorization: Bearer <token>``, or through the
   login form, which sets an ``HttpOnly``, ``SameSite=Strict`` cookie. The cookie
-  holds an HMAC of the token, not the token, and every comparison is constant
-  time.
+  holds a session's random id and its HMAC, never the token; the session
+  lives in the database, expires there, and logout ends it (see
+  :mod:`onceonly.dashboard.sessions`). Every comparison is constant time.
 - **No token**: the dashboard answers loopback clients only, and only when the
   request names a loopback host. The second check stops DNS rebinding: a web
   page on ``evil.example`` whose name an attacker re-points at 127.0.0.1 reaches
@@ -74,10 +75,20 @@ class Access:
     def _mac(self, purpose: str) -> str:
         return hmac.new(self._key, purpose.encode(), hashlib.sha256).hexdigest()
 
-    @property
-    def session_value(self) -> str:
-        """What the login cookie holds."""
-        return self._mac("session")
+    def session_cookie(self, session_id: str) -> str:
+        """What the login cookie holds: the session's id and its HMAC."""
+        return f"{session_id}.{self._mac('session:' + session_id)}"
+
+    def session_id(self, request: Request) -> str | None:
+        """The session the request's cookie names, if the cookie is ours
+        (whether the session is still open is the session store's to say)."""
+        if self.token is None:
+            return None
+        session_id, dot, mac = request.cookies.get(COOKIE_NAME, "").rpartition(".")
+        if not dot or not session_id:
+            return None
+        expected = self._mac("session:" + session_id)
+        return session_id if hmac.compare_digest(mac.encode(), expected.encode()) else None
 
     @property
     def csrf_token(self) -> str:
@@ -92,16 +103,6 @@ class Access:
         """Whether the request carries ``Authorization: Bearer <the token>``."""
         scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
         return scheme.lower() == "bearer" and self.token_matches(credentials.strip())
-
-    def authenticated(self, request: Request) -> bool:
-        """Token mode: the bearer token or the login cookie. Local mode: always
-        (the local rule is checked by :meth:`local`)."""
-        if self.token is None:
-            return True
-        if self.bearer(request):
-            return True
-        cookie = request.cookies.get(COOKIE_NAME, "")
-        return hmac.compare_digest(cookie.encode(), self.session_value.encode())
 
     @staticmethod
     def local(request: Request) -> bool:

@@ -29,6 +29,7 @@ from ..operations import replay
 from .access import COOKIE_NAME, Access
 from .reader import STATUSES, EventReader, format_time
 from .redaction import Redactor
+from .sessions import SESSION_SECONDS, Sessions
 
 if TYPE_CHECKING:
     from ..config import Onceonly
@@ -66,7 +67,6 @@ def _bad_parameters(request: Request) -> str | None:
 
 
 MAX_FORM_BYTES = 8192
-SESSION_SECONDS = 12 * 3600
 
 _SECURITY_HEADERS = [
     (
@@ -102,6 +102,7 @@ class Dashboard:
         self.access = Access(app.dashboard_token)
         self.redactor = Redactor(app.dashboard_redact)
         self.reader = EventReader(app)
+        self.sessions = Sessions(lambda: self.reader.engine)
         self.templates = jinja2.Environment(
             loader=jinja2.PackageLoader("onceonly.dashboard", "templates"),
             autoescape=True,
@@ -169,7 +170,14 @@ class Dashboard:
         """`endpoint` behind the login; database failures become a 503 page."""
 
         async def guarded(request: Request) -> Response:
-            if not self.access.authenticated(request):
+            try:
+                signed_in = await self._signed_in(request)
+            except sa.exc.DBAPIError as exc:
+                log.warning("dashboard: database error: %s", exc.orig)
+                return self._page(
+                    request, "error.html", {"title": "Database not reachable"}, status=503
+                )
+            if not signed_in:
                 return self._unauthenticated(request)
             problem = _bad_parameters(request)
             if problem is not None:
@@ -192,6 +200,17 @@ class Dashboard:
                 )
 
         return guarded
+
+    async def _signed_in(self, request: Request) -> bool:
+        """Token mode: the bearer token, or a login cookie naming an open
+        session. Local mode: always (the local rule was checked first)."""
+        if not self.access.requires_token or self.access.bearer(request):
+            request.state.signed_in = self.access.requires_token
+            return True
+        session_id = self.access.session_id(request)
+        valid = session_id is not None and await run_in_threadpool(self.sessions.valid, session_id)
+        request.state.signed_in = valid
+        return valid
 
     def _unauthenticated(self, request: Request) -> Response:
         if _wants_json(request):
@@ -221,7 +240,7 @@ class Dashboard:
         defaults = {
             "base": self._base(request),
             "csrf": self.access.csrf_token,
-            "signed_in": self.access.requires_token and self.access.authenticated(request),
+            "signed_in": getattr(request.state, "signed_in", False),
             "version": __version__,
             "live": False,
             "event_id": None,
@@ -446,10 +465,11 @@ class Dashboard:
                 {"title": "Sign in", "next": target, "error": "That token is not right."},
                 status=401,
             )
+        session_id = await run_in_threadpool(self.sessions.open)
         response = RedirectResponse(target, 303)
         response.set_cookie(
             COOKIE_NAME,
-            self.access.session_value,
+            self.access.session_cookie(session_id),
             max_age=SESSION_SECONDS,
             path=f"{base}/",
             secure=request.url.scheme == "https",
@@ -462,6 +482,11 @@ class Dashboard:
         form = await self._form(request)
         if form is None or not self.access.csrf_ok(request, form.get("csrf")):
             return self._forbidden(request)
+        session_id = self.access.session_id(request)
+        if session_id is not None:
+            # Ended where it lives: the cookie is dead on every receiver,
+            # whatever a copy of it (a shared machine, a stolen one) sends.
+            await run_in_threadpool(self.sessions.end, session_id)
         base = self._base(request)
         response = RedirectResponse(f"{base}/login", 303)
         response.delete_cookie(COOKIE_NAME, path=f"{base}/", httponly=True, samesite="strict")

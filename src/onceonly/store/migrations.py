@@ -20,6 +20,14 @@ __all__ = ["MIGRATIONS", "Migration"]
 
 _STATUSES = "'pending', 'processing', 'processed', 'failed', 'dead'"
 _NOW_SQLITE = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+# Times in Unix seconds: the dashboard compares them with its own clock, the
+# same way on both engines.
+_SESSIONS = """CREATE TABLE onceonly_dashboard_sessions (
+    id TEXT PRIMARY KEY,
+    created_at {seconds} NOT NULL,
+    expires_at {seconds} NOT NULL,
+    ended_at {seconds}
+)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +192,7 @@ MIGRATIONS: dict[str, tuple[Migration, ...]] = {
                 "ALTER TABLE onceonly_events ADD COLUMN payload_purged_at TEXT",
             ),
         ),
+        Migration(5, "dashboard sessions", (_SESSIONS.format(seconds="REAL"),)),
     ),
     "postgresql": (
         Migration(
@@ -325,6 +334,7 @@ MIGRATIONS: dict[str, tuple[Migration, ...]] = {
                 " ADD COLUMN payload_purged_at TIMESTAMPTZ",
             ),
         ),
+        Migration(5, "dashboard sessions", (_SESSIONS.format(seconds="DOUBLE PRECISION"),)),
     ),
 }
 
