@@ -19,9 +19,10 @@ the key covers it the same way.
 
 The outbox. ``ctx.stage("email", payload)`` inserts a row in the handler's own
 transaction; the action registered under that name runs after the commit, so a
-rolled-back attempt sends nothing. Actions run at least once (a crash after
-sending and before marking sent sends again), with ``key`` to pass on for
-once.
+rolled-back attempt sends nothing. A row is claimed before it is sent, so one
+runner at a time sends it (see :mod:`onceonly.outbox`); actions run at least
+once only across a crash after sending and before marking sent, with ``key``
+to pass on for once.
 
 The real state. ``ctx.fetch()`` (``await ctx.afetch()`` in an async handler)
 reads the object the event points to from the provider's API (see
@@ -219,7 +220,6 @@ class Context:
                 "action": action,
                 "payload": json.dumps(payload),
                 "now": time.time(),
-                "lease": self._lease,
             },
         )
         self._staged = True

@@ -34,10 +34,16 @@ class Queries:
     find_effect: str
     record_effect: str
     stage: str
-    pending_outbox_of_event: str
+    #: Claim the due, unclaimed outbox rows of just-committed events (:pks).
+    claim_outbox_of_events: str
+    #: Claim up to :n due rows that nobody holds (or whose runner's lease expired).
     claim_outbox: str
+    #: Sent: no fence check, since the send happened whoever holds the row now,
+    #: and recording it is what stops a second send.
     mark_sent: str
+    #: A failed send: only its claimant (:fence) records it and lets the row go.
     mark_outbox_failed: str
+    extend_outbox_leases: str
     job_claim: str
     job_read: str
     job_takeover: str
@@ -120,29 +126,46 @@ _POSTGRES = Queries(
     """,
     stage="""
         INSERT INTO onceonly_outbox (event_pk, action, payload, available_at)
-        VALUES (:event_pk, :action, :payload, now() + make_interval(secs => :lease))
+        VALUES (:event_pk, :action, :payload, now())
         RETURNING id
     """,
-    pending_outbox_of_event="""
-        SELECT id, action, payload, attempts FROM onceonly_outbox
-        WHERE event_pk = :event_pk AND status = 'pending' ORDER BY id
+    # SKIP LOCKED: a row another runner is claiming right now is its, not ours;
+    # a row it claimed and committed is re-checked (lease in the future): skipped.
+    claim_outbox_of_events="""
+        UPDATE onceonly_outbox o SET owner = :owner, fence = o.fence + 1,
+            lease_expires_at = now() + make_interval(secs => :lease)
+        WHERE o.id IN (
+            SELECT id FROM onceonly_outbox
+            WHERE event_pk = ANY(:pks) AND status = 'pending' AND available_at <= now()
+                AND (lease_expires_at IS NULL OR lease_expires_at < now())
+            ORDER BY id FOR UPDATE SKIP LOCKED)
+        RETURNING o.id, o.action, o.payload, o.attempts, o.fence
     """,
     claim_outbox="""
-        UPDATE onceonly_outbox SET available_at = now() + make_interval(secs => :lease)
-        WHERE id IN (
-            SELECT id FROM onceonly_outbox WHERE status = 'pending' AND available_at <= now()
+        UPDATE onceonly_outbox o SET owner = :owner, fence = o.fence + 1,
+            lease_expires_at = now() + make_interval(secs => :lease)
+        WHERE o.id IN (
+            SELECT id FROM onceonly_outbox
+            WHERE status = 'pending' AND available_at <= now()
+                AND (lease_expires_at IS NULL OR lease_expires_at < now())
             ORDER BY id LIMIT :n FOR UPDATE SKIP LOCKED)
-        RETURNING id, action, payload, attempts
+        RETURNING o.id, o.action, o.payload, o.attempts, o.fence
     """,
     mark_sent="""
-        UPDATE onceonly_outbox SET status = 'sent', sent_at = now(), attempts = attempts + 1
+        UPDATE onceonly_outbox SET status = 'sent', sent_at = now(), attempts = attempts + 1,
+            owner = NULL, lease_expires_at = NULL
         WHERE id = :id AND status = 'pending'
     """,
     mark_outbox_failed="""
         UPDATE onceonly_outbox SET attempts = attempts + 1, last_error = :error,
             status = CASE WHEN :dead THEN 'dead' ELSE 'pending' END,
-            available_at = now() + make_interval(secs => :delay)
-        WHERE id = :id AND status = 'pending'
+            available_at = now() + make_interval(secs => :delay),
+            owner = NULL, lease_expires_at = NULL
+        WHERE id = :id AND fence = :fence AND status = 'pending'
+    """,
+    extend_outbox_leases="""
+        UPDATE onceonly_outbox SET lease_expires_at = now() + make_interval(secs => :lease)
+        WHERE id = ANY(:ids) AND owner = :owner AND status = 'pending'
     """,
     job_claim="""
         INSERT INTO onceonly_jobs (key, status, owner, lease_expires_at)
@@ -226,27 +249,46 @@ _SQLITE = Queries(
     record_effect=_POSTGRES.record_effect,
     stage="""
         INSERT INTO onceonly_outbox (event_pk, action, payload, available_at)
-        VALUES (:event_pk, :action, :payload, :now + :lease)
+        VALUES (:event_pk, :action, :payload, :now)
         RETURNING id
     """,
-    pending_outbox_of_event=_POSTGRES.pending_outbox_of_event,
-    claim_outbox="""
-        UPDATE onceonly_outbox SET available_at = :now + :lease
+    # One statement under the write lock: the read and the claim cannot be split
+    # by another runner.
+    claim_outbox_of_events="""
+        UPDATE onceonly_outbox SET owner = :owner, fence = fence + 1,
+            lease_expires_at = :now + :lease
         WHERE id IN (
-            SELECT id FROM onceonly_outbox WHERE status = 'pending' AND available_at <= :now
+            SELECT id FROM onceonly_outbox
+            WHERE event_pk IN (SELECT value FROM json_each(:pks_json))
+                AND status = 'pending' AND available_at <= :now
+                AND (lease_expires_at IS NULL OR lease_expires_at < :now))
+        RETURNING id, action, payload, attempts, fence
+    """,
+    claim_outbox="""
+        UPDATE onceonly_outbox SET owner = :owner, fence = fence + 1,
+            lease_expires_at = :now + :lease
+        WHERE id IN (
+            SELECT id FROM onceonly_outbox
+            WHERE status = 'pending' AND available_at <= :now
+                AND (lease_expires_at IS NULL OR lease_expires_at < :now)
             ORDER BY id LIMIT :n)
-        RETURNING id, action, payload, attempts
+        RETURNING id, action, payload, attempts, fence
     """,
     mark_sent="""
         UPDATE onceonly_outbox SET status = 'sent', attempts = attempts + 1,
-            sent_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')
+            sent_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), owner = NULL, lease_expires_at = NULL
         WHERE id = :id AND status = 'pending'
     """,
     mark_outbox_failed="""
         UPDATE onceonly_outbox SET attempts = attempts + 1, last_error = :error,
             status = CASE WHEN :dead THEN 'dead' ELSE 'pending' END,
-            available_at = :now + :delay
-        WHERE id = :id AND status = 'pending'
+            available_at = :now + :delay, owner = NULL, lease_expires_at = NULL
+        WHERE id = :id AND fence = :fence AND status = 'pending'
+    """,
+    extend_outbox_leases="""
+        UPDATE onceonly_outbox SET lease_expires_at = :now + :lease
+        WHERE id IN (SELECT value FROM json_each(:ids_json))
+            AND owner = :owner AND status = 'pending'
     """,
     job_claim="""
         INSERT INTO onceonly_jobs (key, status, owner, lease_expires_at)

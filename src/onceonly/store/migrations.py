@@ -184,6 +184,20 @@ MIGRATIONS: dict[str, tuple[Migration, ...]] = {
                 "ALTER TABLE onceonly_events ADD COLUMN payload_purged_at TEXT",
             ),
         ),
+        Migration(
+            5,
+            "outbox claims: owner, lease, fence",
+            (
+                # A row is claimed (by one runner) while lease_expires_at is in
+                # the future; claims are single UPDATEs that the database decides.
+                "ALTER TABLE onceonly_outbox ADD COLUMN owner TEXT",
+                "ALTER TABLE onceonly_outbox ADD COLUMN lease_expires_at REAL",
+                "ALTER TABLE onceonly_outbox ADD COLUMN fence INTEGER NOT NULL DEFAULT 0",
+                # run_for() claims the rows of the events it just committed.
+                "CREATE INDEX onceonly_outbox_event_idx ON onceonly_outbox (event_pk)"
+                " WHERE status = 'pending'",
+            ),
+        ),
     ),
     "postgresql": (
         Migration(
@@ -323,6 +337,18 @@ MIGRATIONS: dict[str, tuple[Migration, ...]] = {
                 " ADD COLUMN duplicates INTEGER NOT NULL DEFAULT 0,"
                 " ADD COLUMN last_duplicate_at TIMESTAMPTZ,"
                 " ADD COLUMN payload_purged_at TIMESTAMPTZ",
+            ),
+        ),
+        Migration(
+            5,
+            "outbox claims: owner, lease, fence",
+            (
+                "ALTER TABLE onceonly_outbox"
+                " ADD COLUMN owner TEXT,"
+                " ADD COLUMN lease_expires_at TIMESTAMPTZ,"
+                " ADD COLUMN fence BIGINT NOT NULL DEFAULT 0",
+                "CREATE INDEX onceonly_outbox_event_idx ON onceonly_outbox (event_pk)"
+                " WHERE status = 'pending'",
             ),
         ),
     ),
