@@ -268,7 +268,8 @@ def worker(
             "[yellow]warning:[/yellow] no handler registered: events will be marked processed "
             "as 'no handler registered'. Pass --app module:attribute."
         )
-    asyncio.run(app.store.open())  # create or upgrade the tables first
+    # The tables are created or upgraded by run(), which waits for a database
+    # that is down at start (like serve) instead of exiting.
     errors.print(f"onceonly worker: database {app.store.url}, concurrency {concurrency}")
     if metrics_port is not None:
         app.metrics.serve(metrics_port, metrics_host)
