@@ -59,6 +59,7 @@ from .store import DEFAULT_DATABASE_URL, Store, create_store
 if TYPE_CHECKING:
     from .dashboard import Dashboard
     from .guard import Guard
+    from .ledger import EffectLedger
     from .metrics import Metrics
     from .receiver import Receiver
     from .worker import Worker
@@ -165,6 +166,7 @@ class Onceonly:
             raise ConfigurationError("lease_seconds must be positive")
         self.handlers = HandlerRegistry()
         self._engine: sa.Engine | None = None
+        self._effect_ledger: EffectLedger | None = None
         if self.max_body_bytes <= 0:
             raise ConfigurationError("max_body_bytes must be positive")
         if self.retry_after < 0:
@@ -236,6 +238,15 @@ class Onceonly:
         if self._engine is None:
             self._engine = create_engine(self.database_url)
         return self._engine
+
+    @property
+    def effect_ledger(self) -> EffectLedger:
+        """Where ``ctx.effect()`` records outcomes (created on first use)."""
+        if self._effect_ledger is None:
+            from .ledger import EffectLedger
+
+            self._effect_ledger = EffectLedger(self.database_url, self.engine)
+        return self._effect_ledger
 
     def handler(
         self,

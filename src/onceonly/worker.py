@@ -359,7 +359,6 @@ class Worker:
         finally:
             for ctx in contexts:
                 ctx._close()
-                ctx._write_deferred_effects()
         self.processed += len(processed)
         self.failed += len(failures)
         # Counted once the transaction committed, so they match the table.
@@ -401,11 +400,9 @@ class Worker:
             event=event,
             connection=conn,
             attempt=event.attempts,
-            _engine=self.engine,
+            _ledger=self.app.effect_ledger,
             _queries=self.q,
-            _kind=self.kind,
             _actions=frozenset(self.app.handlers.actions),
-            _lease=self.lease,
             _api_clients=self.app.api_clients,
             _event_loop=self._loop,
             _fetched=prefetched,
