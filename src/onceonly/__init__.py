@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .config import Onceonly, load_app
     from .context import Context, EffectError
     from .events import Delivery, Event, EventInfo, EventStatus, NewEvent, Receipt
-    from .guard import Guard, JobInProgress
+    from .guard import Guard, JobConflict, JobInProgress
     from .inbox import GroupCommit, Inbox
     from .receiver import Receiver
     from .store import Store, create_store
@@ -50,6 +50,7 @@ _LAZY = {
     "NewEvent": "events",
     "Receipt": "events",
     "Guard": "guard",
+    "JobConflict": "guard",
     "JobInProgress": "guard",
     "GroupCommit": "inbox",
     "Inbox": "inbox",
@@ -92,6 +93,7 @@ __all__ = [
     "GroupCommit",
     "Guard",
     "Inbox",
+    "JobConflict",
     "JobInProgress",
     "NewEvent",
     "NotFetchable",

@@ -561,6 +561,7 @@ def purge_command(
     table.add_row("effect records", str(report.effects_deleted))
     table.add_row("outbox rows (sent or dead)", str(report.outbox_deleted))
     table.add_row("expired Idempotency-Key records", str(report.idempotency_keys_deleted))
+    table.add_row("expired job guard keys", str(report.jobs_deleted))
     console.print(table)
     if dry_run:
         console.print("dry run: nothing was changed")

@@ -309,11 +309,19 @@ class Onceonly:
             name=name,
         )
 
-    def guard(self, *, lease_seconds: float = 300.0) -> Guard:
-        """A :class:`~onceonly.guard.Guard` on this database: ``once`` for any job."""
+    def guard(
+        self, *, lease_seconds: float = 300.0, ttl_seconds: float | None = 30 * 86400.0
+    ) -> Guard:
+        """A :class:`~onceonly.guard.Guard` on this database: ``once`` for any job;
+        finished keys remembered for `ttl_seconds` (None: until deleted)."""
         from .guard import Guard
 
-        return Guard(self.database_url, engine=self.engine, lease_seconds=lease_seconds)
+        return Guard(
+            self.database_url,
+            engine=self.engine,
+            lease_seconds=lease_seconds,
+            ttl_seconds=ttl_seconds,
+        )
 
     def receiver(self) -> Receiver:
         """The ASGI app for ``POST /{provider}``; mount it at ``/webhooks``."""

@@ -50,6 +50,8 @@ class Queries:
     job_finish: str
     job_fail: str
     job_extend: str
+    #: Delete finished keys whose memory expired.
+    job_purge: str
 
 
 _POSTGRES = Queries(
@@ -168,35 +170,43 @@ _POSTGRES = Queries(
         WHERE id = ANY(:ids) AND owner = :owner AND status = 'pending'
     """,
     job_claim="""
-        INSERT INTO onceonly_jobs (key, status, owner, lease_expires_at)
-        VALUES (:key, 'running', :owner, now() + make_interval(secs => :lease))
+        INSERT INTO onceonly_jobs (key, status, owner, lease_expires_at, fingerprint)
+        VALUES (:key, 'running', :owner, now() + make_interval(secs => :lease), :fingerprint)
         ON CONFLICT (key) DO NOTHING RETURNING fence
     """,
     job_read="""
-        SELECT status, fence, result, lease_expires_at < now() AS expired
+        SELECT status, fence, result, fingerprint, lease_expires_at < now() AS expired,
+            coalesce(expires_at < now(), false) AS forgotten
         FROM onceonly_jobs WHERE key = :key
     """,
+    # A finished key whose memory expired is taken like a new one.
     job_takeover="""
         UPDATE onceonly_jobs SET status = 'running', owner = :owner, fence = fence + 1,
             lease_expires_at = now() + make_interval(secs => :lease), runs = runs + 1,
-            started_at = now(), error = NULL
+            started_at = now(), error = NULL, fingerprint = :fingerprint, expires_at = NULL
         WHERE key = :key AND fence = :fence
-            AND (status = 'failed' OR (status = 'running' AND lease_expires_at < now()))
+            AND (status = 'failed' OR (status = 'running' AND lease_expires_at < now())
+                 OR (status = 'done' AND expires_at < now()))
         RETURNING fence
     """,
     job_finish="""
         UPDATE onceonly_jobs SET status = 'done', result = :result, finished_at = now(),
-            lease_expires_at = NULL
+            lease_expires_at = NULL,
+            expires_at = now() + make_interval(secs => CAST(:ttl AS DOUBLE PRECISION))
         WHERE key = :key AND fence = :fence AND status = 'running'
     """,
     job_fail="""
         UPDATE onceonly_jobs SET status = 'failed', error = :error, finished_at = now(),
-            lease_expires_at = NULL
+            lease_expires_at = NULL,
+            expires_at = now() + make_interval(secs => CAST(:ttl AS DOUBLE PRECISION))
         WHERE key = :key AND fence = :fence AND status = 'running'
     """,
     job_extend="""
         UPDATE onceonly_jobs SET lease_expires_at = now() + make_interval(secs => :lease)
         WHERE key = :key AND fence = :fence AND status = 'running'
+    """,
+    job_purge="""
+        DELETE FROM onceonly_jobs WHERE status IN ('done', 'failed') AND expires_at < now()
     """,
 )
 
@@ -291,35 +301,41 @@ _SQLITE = Queries(
             AND owner = :owner AND status = 'pending'
     """,
     job_claim="""
-        INSERT INTO onceonly_jobs (key, status, owner, lease_expires_at)
-        VALUES (:key, 'running', :owner, :now + :lease)
+        INSERT INTO onceonly_jobs (key, status, owner, lease_expires_at, fingerprint)
+        VALUES (:key, 'running', :owner, :now + :lease, :fingerprint)
         ON CONFLICT (key) DO NOTHING RETURNING fence
     """,
     job_read="""
-        SELECT status, fence, result, lease_expires_at < :now AS expired
+        SELECT status, fence, result, fingerprint, lease_expires_at < :now AS expired,
+            coalesce(expires_at < :now, 0) AS forgotten
         FROM onceonly_jobs WHERE key = :key
     """,
     job_takeover="""
         UPDATE onceonly_jobs SET status = 'running', owner = :owner, fence = fence + 1,
             lease_expires_at = :now + :lease, runs = runs + 1,
-            started_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), error = NULL
+            started_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), error = NULL,
+            fingerprint = :fingerprint, expires_at = NULL
         WHERE key = :key AND fence = :fence
-            AND (status = 'failed' OR (status = 'running' AND lease_expires_at < :now))
+            AND (status = 'failed' OR (status = 'running' AND lease_expires_at < :now)
+                 OR (status = 'done' AND expires_at < :now))
         RETURNING fence
     """,
     job_finish="""
         UPDATE onceonly_jobs SET status = 'done', result = :result, lease_expires_at = NULL,
-            finished_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')
+            finished_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), expires_at = :now + :ttl
         WHERE key = :key AND fence = :fence AND status = 'running'
     """,
     job_fail="""
         UPDATE onceonly_jobs SET status = 'failed', error = :error, lease_expires_at = NULL,
-            finished_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')
+            finished_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), expires_at = :now + :ttl
         WHERE key = :key AND fence = :fence AND status = 'running'
     """,
     job_extend="""
         UPDATE onceonly_jobs SET lease_expires_at = :now + :lease
         WHERE key = :key AND fence = :fence AND status = 'running'
+    """,
+    job_purge="""
+        DELETE FROM onceonly_jobs WHERE status IN ('done', 'failed') AND expires_at < :now
     """,
 )
 

@@ -84,6 +84,8 @@ class PurgeReport:
     effects_deleted: int
     outbox_deleted: int
     idempotency_keys_deleted: int
+    #: Job guard keys finished longer ago than their memory horizon.
+    jobs_deleted: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -257,6 +259,7 @@ def purge(
             totals.forget(ledger, purged)
 
     keys = _expired_keys(app, dry_run=dry_run)
+    jobs = app.guard().purge(dry_run=dry_run)
     return PurgeReport(
         dry_run=dry_run,
         payload_cutoff=payload_cutoff,
@@ -267,6 +270,7 @@ def purge(
         effects_deleted=totals.effects,
         outbox_deleted=totals.outbox,
         idempotency_keys_deleted=keys,
+        jobs_deleted=jobs,
     )
 
 

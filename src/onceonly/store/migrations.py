@@ -198,6 +198,18 @@ MIGRATIONS: dict[str, tuple[Migration, ...]] = {
                 " WHERE status = 'pending'",
             ),
         ),
+        Migration(
+            6,
+            "job guard: argument fingerprints, expiry of finished keys",
+            (
+                # NULL fingerprint: a key recorded before fingerprints, never refused.
+                "ALTER TABLE onceonly_jobs ADD COLUMN fingerprint TEXT",
+                # Unix seconds; NULL: remembered until purged by hand.
+                "ALTER TABLE onceonly_jobs ADD COLUMN expires_at REAL",
+                "CREATE INDEX onceonly_jobs_expiry_idx ON onceonly_jobs (expires_at)"
+                " WHERE expires_at IS NOT NULL",
+            ),
+        ),
     ),
     "postgresql": (
         Migration(
@@ -349,6 +361,17 @@ MIGRATIONS: dict[str, tuple[Migration, ...]] = {
                 " ADD COLUMN fence BIGINT NOT NULL DEFAULT 0",
                 "CREATE INDEX onceonly_outbox_event_idx ON onceonly_outbox (event_pk)"
                 " WHERE status = 'pending'",
+            ),
+        ),
+        Migration(
+            6,
+            "job guard: argument fingerprints, expiry of finished keys",
+            (
+                "ALTER TABLE onceonly_jobs"
+                " ADD COLUMN fingerprint TEXT,"
+                " ADD COLUMN expires_at TIMESTAMPTZ",
+                "CREATE INDEX onceonly_jobs_expiry_idx ON onceonly_jobs (expires_at)"
+                " WHERE expires_at IS NOT NULL",
             ),
         ),
     ),
