@@ -113,6 +113,7 @@ class Onceonly:
         retry_after: int | None = None,
         max_attempts: int | None = None,
         lease_seconds: float | None = None,
+        outbox_lease_seconds: float | None = None,
         retry_base: float | None = None,
         retry_cap: float | None = None,
         metrics: bool | None = None,
@@ -164,6 +165,16 @@ class Onceonly:
             raise ConfigurationError("max_attempts must be at least 1")
         if self.lease_seconds <= 0:
             raise ConfigurationError("lease_seconds must be positive")
+        # An outbox row's claim must outlast a runner's wait for the database
+        # (on SQLite a mark can wait busy_timeout, 5 s, for the write lock, and
+        # a second runner that got the lock first would send again), so it is
+        # at least 30 s however short the event lease; it costs only the delay
+        # of a crashed runner's sends.
+        self.outbox_lease_seconds = outbox_lease_seconds or _float(
+            env, "ONCEONLY_OUTBOX_LEASE_SECONDS", max(30.0, self.lease_seconds)
+        )
+        if self.outbox_lease_seconds <= 0:
+            raise ConfigurationError("outbox_lease_seconds must be positive")
         self.handlers = HandlerRegistry()
         self._engine: sa.Engine | None = None
         self._effect_ledger: EffectLedger | None = None

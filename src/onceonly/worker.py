@@ -143,7 +143,7 @@ class Worker:
             self.q,
             app.handlers.actions,
             owner=self.name,
-            lease=self.lease,
+            lease=app.outbox_lease_seconds,
             max_attempts=app.max_attempts,
             delay=self._delay,
             loop=self._loop,

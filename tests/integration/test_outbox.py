@@ -218,7 +218,7 @@ def test_a_failed_mark_is_retried_as_a_mark_not_a_send(app: Onceonly) -> None:
 
 def test_a_slow_action_is_sent_once_by_racing_workers(database_url: str) -> None:
     """Through the worker: a send longer than the lease, two workers sweeping."""
-    app = make_app(database_url, lease_seconds=0.6)
+    app = make_app(database_url, lease_seconds=0.6, outbox_lease_seconds=0.6)
     sends = Sends(seconds=1.5)
     app.action("email")(sends)
 
