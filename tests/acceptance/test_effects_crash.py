@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import random
 import signal
 import threading
@@ -42,9 +43,11 @@ from support import stripe_delivery
 
 WORKERS = 3
 CONCURRENCY = 2
-CALM_EVENTS = 150
-KILLED_EVENTS = 150
-KILLS = 5
+# Larger runs for the figures in docs/worker.md, e.g.
+# ONCEONLY_TEST_EFFECT_EVENTS=1000 ONCEONLY_TEST_EFFECT_KILLS=20.
+CALM_EVENTS = KILLED_EVENTS = int(os.environ.get("ONCEONLY_TEST_EFFECT_EVENTS", "150"))
+KILLS = int(os.environ.get("ONCEONLY_TEST_EFFECT_KILLS", "5"))
+WAIT = 60 + CALM_EVENTS / 10  # seconds for a phase to drain
 
 
 @dataclass(frozen=True)
@@ -248,7 +251,7 @@ def test_calls_and_mails_once_without_kills_and_bounded_repeats_with_kills(
         # 1. No kills: nothing repeated, every record there.
         calm = [f"evt_calm_{i:03d}" for i in range(CALM_EVENTS)]
         send(shop.url, *calm, *calm[::3])  # resends: duplicates are answered, not stored
-        wait_for("the calm events", lambda: shop.drained(CALM_EVENTS), 60, shop.workers)
+        wait_for("the calm events", lambda: shop.drained(CALM_EVENTS), WAIT, shop.workers)
         assert repeats(apis.of("/charges")) == {}
         assert repeats(apis.of("/mails")) == {}
         check_keys(apis)
@@ -260,10 +263,10 @@ def test_calls_and_mails_once_without_kills_and_bounded_repeats_with_kills(
         sender = threading.Thread(target=send, args=(shop.url, *hot))
         sender.start()
         for _ in range(KILLS):
-            time.sleep(random.uniform(0.2, 0.6))
+            time.sleep(random.uniform(0.2, 0.6) * max(1.0, KILLED_EVENTS / 150 * 5 / KILLS))
             shop.kill_one()
-        sender.join(60)
-        wait_for("every event after the kills", lambda: shop.drained(total), 90, shop.workers)
+        sender.join(WAIT)
+        wait_for("every event after the kills", lambda: shop.drained(total), WAIT, shop.workers)
         for worker in shop.workers:
             assert worker.stop() == 0, worker.output()[-3000:]
 
