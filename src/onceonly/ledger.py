@@ -57,7 +57,7 @@ class EffectLedger:
         self.q = QUERIES[self.kind]
         self._main = engine
         if self.kind == "sqlite":
-            self.engine = create_engine(effects_url(database_url), pool_size=4)
+            self.engine = create_engine(effects_url(database_url))
         else:
             self.engine = engine
         self._ready = self.kind != "sqlite"
