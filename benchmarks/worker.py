@@ -6,7 +6,9 @@ For each engine, in one run:
 
 1. throughput: N pending events, one worker with a no-op handler, timed from
    start to the last event processed; the baseline is the same worker with
-   one event per transaction (``batch_size=1``), the naive way;
+   one event per transaction (``batch_size=1``), the naive way; then the
+   same batched worker whose handler records ``--effects`` effects per event
+   (``ctx.effect()`` with a call that does nothing: what the ledger costs);
 2. latency: events inserted one at a time at a steady rate while a worker
    waits (PostgreSQL: LISTEN/NOTIFY; SQLite: polling every second), measured
    from the insert's commit to the handler call.
@@ -50,7 +52,7 @@ async def _insert(url: str, n: int) -> None:
             )
 
 
-def throughput(url: str, n: int, concurrency: int, batch_size: int) -> float:
+def throughput(url: str, n: int, concurrency: int, batch_size: int, effects: int = 0) -> float:
     asyncio.run(_insert(url, n))
     app = Onceonly(database_url=url, environ={})
     done = threading.Event()
@@ -60,6 +62,8 @@ def throughput(url: str, n: int, concurrency: int, batch_size: int) -> float:
     @app.handler()
     def noop(event: Event, ctx: Context) -> None:
         nonlocal count
+        for i in range(effects):
+            ctx.effect(f"call-{i}", lambda key: {"id": key})
         with lock:
             count += 1
             if count == n:
@@ -120,6 +124,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--latency-events", type=int, default=200)
+    parser.add_argument("--effects", type=int, default=1, help="effects per event (0: skip)")
+    parser.add_argument("--effect-events", type=int, default=2000)
     parser.add_argument("--rate", type=float, default=50.0, help="latency feed, events/s")
     parser.add_argument("--engines", default="sqlite,postgresql")
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
@@ -142,6 +148,17 @@ def main() -> None:
                 args.concurrency,
                 args.batch_size,
             )
+            with_effects = (
+                throughput(
+                    fresh_url(engine, args.postgres, Path(tmp), "effects"),
+                    args.effect_events,
+                    args.concurrency,
+                    args.batch_size,
+                    args.effects,
+                )
+                if args.effects
+                else 0.0
+            )
             lat = latency(
                 fresh_url(engine, args.postgres, Path(tmp), "latency"),
                 args.latency_events,
@@ -153,6 +170,8 @@ def main() -> None:
                     "events_per_s": round(batched),
                     "naive_events_per_s": round(naive),
                     "ratio": round(batched / naive, 2),
+                    "effects_per_event": args.effects,
+                    "with_effects_events_per_s": round(with_effects),
                     "latency_p50_ms": round(statistics.median(lat) * 1000, 1),
                     "latency_p99_ms": round(percentile(lat, 99) * 1000, 1),
                     "latency_samples": len(lat),
@@ -163,17 +182,19 @@ def main() -> None:
         print(json.dumps(results, indent=2))
         return
     print(
-        f"{'engine':<11} {'events/s':>9} {'naive/s':>8} {'ratio':>6} "
+        f"{'engine':<11} {'events/s':>9} {'naive/s':>8} {'ratio':>6} {'effects/s':>9} "
         f"{'p50 ms':>7} {'p99 ms':>7}  wake-up"
     )
     for r in results:
         print(
             f"{r['engine']:<11} {r['events_per_s']:>9} {r['naive_events_per_s']:>8} "
-            f"{r['ratio']:>6} {r['latency_p50_ms']:>7} {r['latency_p99_ms']:>7}  {r['wake_up']}"
+            f"{r['ratio']:>6} {r['with_effects_events_per_s']:>9} "
+            f"{r['latency_p50_ms']:>7} {r['latency_p99_ms']:>7}  {r['wake_up']}"
         )
     print(
         f"({args.events} events, concurrency {args.concurrency}, batch {args.batch_size}; "
-        f"naive = one transaction per event; latency: {len(lat)} events at {args.rate}/s, "
+        f"naive = one transaction per event; effects/s: {args.effect_events} events with "
+        f"{args.effects} ctx.effect() each; latency: {len(lat)} events at {args.rate}/s, "
         "insert commit to handler call)"
     )
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .config import Onceonly, load_app
     from .context import Context, EffectError
     from .events import Delivery, Event, EventInfo, EventStatus, NewEvent, Receipt
-    from .guard import Guard, JobInProgress
+    from .guard import Guard, JobConflict, JobInProgress
     from .inbox import GroupCommit, Inbox
     from .receiver import Receiver
     from .store import Store, create_store
@@ -53,6 +53,7 @@ _LAZY = {
     "NewEvent": "events",
     "Receipt": "events",
     "Guard": "guard",
+    "JobConflict": "guard",
     "JobInProgress": "guard",
     "GroupCommit": "inbox",
     "Inbox": "inbox",
@@ -97,6 +98,7 @@ __all__ = [
     "Guard",
     "HeadersTooLarge",
     "Inbox",
+    "JobConflict",
     "JobInProgress",
     "NewEvent",
     "NotFetchable",

@@ -273,7 +273,8 @@ def worker(
             "[yellow]warning:[/yellow] no handler registered: events will be marked processed "
             "as 'no handler registered'. Pass --app module:attribute."
         )
-    asyncio.run(app.store.open())  # create or upgrade the tables first
+    # The tables are created or upgraded by run(), which waits for a database
+    # that is down at start (like serve) instead of exiting.
     errors.print(f"onceonly worker: database {app.store.url}, concurrency {concurrency}")
     if metrics_port is not None:
         app.metrics.serve(metrics_port, metrics_host)
@@ -577,6 +578,7 @@ def purge_command(
     table.add_row("effect records", str(report.effects_deleted))
     table.add_row("outbox rows (sent or dead)", str(report.outbox_deleted))
     table.add_row("expired Idempotency-Key records", str(report.idempotency_keys_deleted))
+    table.add_row("expired job guard keys", str(report.jobs_deleted))
     console.print(table)
     if dry_run:
         console.print("dry run: nothing was changed")

@@ -63,6 +63,7 @@ from .store import DEFAULT_DATABASE_URL, Store, create_store
 if TYPE_CHECKING:
     from .dashboard import Dashboard
     from .guard import Guard
+    from .ledger import EffectLedger
     from .metrics import Metrics
     from .receiver import Receiver
     from .worker import Worker
@@ -130,6 +131,7 @@ class Onceonly:
         retry_after: int | None = None,
         max_attempts: int | None = None,
         lease_seconds: float | None = None,
+        outbox_lease_seconds: float | None = None,
         retry_base: float | None = None,
         retry_cap: float | None = None,
         metrics: bool | None = None,
@@ -194,8 +196,19 @@ class Onceonly:
             raise ConfigurationError("max_attempts must be at least 1")
         if self.lease_seconds <= 0:
             raise ConfigurationError("lease_seconds must be positive")
+        # An outbox row's claim must outlast a runner's wait for the database
+        # (on SQLite a mark can wait busy_timeout, 5 s, for the write lock, and
+        # a second runner that got the lock first would send again), so it is
+        # at least 30 s however short the event lease; it costs only the delay
+        # of a crashed runner's sends.
+        self.outbox_lease_seconds = outbox_lease_seconds or _float(
+            env, "ONCEONLY_OUTBOX_LEASE_SECONDS", max(30.0, self.lease_seconds)
+        )
+        if self.outbox_lease_seconds <= 0:
+            raise ConfigurationError("outbox_lease_seconds must be positive")
         self.handlers = HandlerRegistry()
         self._engine: sa.Engine | None = None
+        self._effect_ledger: EffectLedger | None = None
         if self.max_body_bytes <= 0:
             raise ConfigurationError("max_body_bytes must be positive")
         if self.max_header_bytes <= 0:
@@ -272,6 +285,15 @@ class Onceonly:
             self._engine = create_engine(self.database_url)
         return self._engine
 
+    @property
+    def effect_ledger(self) -> EffectLedger:
+        """Where ``ctx.effect()`` records outcomes (created on first use)."""
+        if self._effect_ledger is None:
+            from .ledger import EffectLedger
+
+            self._effect_ledger = EffectLedger(self.database_url, self.engine)
+        return self._effect_ledger
+
     def handler(
         self,
         provider: str | None = None,
@@ -333,11 +355,19 @@ class Onceonly:
             name=name,
         )
 
-    def guard(self, *, lease_seconds: float = 300.0) -> Guard:
-        """A :class:`~onceonly.guard.Guard` on this database: ``once`` for any job."""
+    def guard(
+        self, *, lease_seconds: float = 300.0, ttl_seconds: float | None = 30 * 86400.0
+    ) -> Guard:
+        """A :class:`~onceonly.guard.Guard` on this database: ``once`` for any job;
+        finished keys remembered for `ttl_seconds` (None: until deleted)."""
         from .guard import Guard
 
-        return Guard(self.database_url, engine=self.engine, lease_seconds=lease_seconds)
+        return Guard(
+            self.database_url,
+            engine=self.engine,
+            lease_seconds=lease_seconds,
+            ttl_seconds=ttl_seconds,
+        )
 
     def receiver(self) -> Receiver:
         """The ASGI app for ``POST /{provider}``; mount it at ``/webhooks``."""

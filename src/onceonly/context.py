@@ -3,25 +3,24 @@ effect ledger, and the outbox.
 
 The effect ledger (G4). ``ctx.effect("charge", fn)`` calls ``fn(key)`` at most
 once per event and name, as far as physics allows: the outcome is recorded
-under ``(event, name)`` in its own transaction, so it survives a rollback of
-the handler, and a retry gets the recorded outcome back instead of calling
-again. ``key`` is deterministic (the same on every attempt): pass it to APIs
-that accept an idempotency key. The one window left is a crash after the
-external call and before its record: the retry then calls again, with the same
-key, and a provider that honours idempotency keys answers with the first
-result instead of acting twice. Where the other side takes no key, that window
-is the residual risk; it lasts as long as one database write.
-
-On SQLite the handler's transaction holds the database's only write lock, so an
-effect's record is written just after that transaction ends (commit or
-rollback) rather than at once; the window is then the rest of the handler, and
-the key covers it the same way.
+under ``(event, name)`` in its own transaction, committed before
+``ctx.effect()`` returns, so it survives a rollback of the handler, and a
+retry gets the recorded outcome back instead of calling again. ``key`` is
+deterministic (the same on every attempt): pass it to APIs that accept an
+idempotency key. The one window left is a crash after the external call and
+before its record: the retry then calls again, with the same key, and a
+provider that honours idempotency keys answers with the first result instead
+of acting twice. Where the other side takes no key, that window is the
+residual risk; it lasts as long as one database write, on both engines and
+whatever the batch size (on SQLite the records live in a file of their own:
+see :mod:`onceonly.ledger`).
 
 The outbox. ``ctx.stage("email", payload)`` inserts a row in the handler's own
 transaction; the action registered under that name runs after the commit, so a
-rolled-back attempt sends nothing. Actions run at least once (a crash after
-sending and before marking sent sends again), with ``key`` to pass on for
-once.
+rolled-back attempt sends nothing. A row is claimed before it is sent, so one
+runner at a time sends it (see :mod:`onceonly.outbox`); actions run at least
+once only across a crash after sending and before marking sent, with ``key``
+to pass on for once.
 
 The real state. ``ctx.fetch()`` (``await ctx.afetch()`` in an async handler)
 reads the object the event points to from the provider's API (see
@@ -46,6 +45,7 @@ from sqlalchemy.orm import Session
 from ._exceptions import ConfigurationError, OnceonlyError
 from .clients import ApiClient, Target
 from .events import Event
+from .ledger import EffectLedger
 from .providers.base import env_name
 from .queries import Queries
 
@@ -74,12 +74,9 @@ class Context:
     connection: sa.Connection
     #: 1 for the first attempt.
     attempt: int
-    _engine: sa.Engine
+    _ledger: EffectLedger
     _queries: Queries
-    _kind: str
     _actions: frozenset[str]
-    _lease: float
-    _deferred_effects: list[dict[str, Any]] = field(default_factory=list)
     _session: Session | None = None
     _staged: bool = False
     #: Provider route -> API client, for fetch(); the worker's loop for this thread.
@@ -106,13 +103,8 @@ class Context:
         return effect_key(self.event.provider, self.event.event_id, name)
 
     def _recorded(self, name: str) -> tuple[bool, Any]:
-        for pending in self._deferred_effects:
-            if pending["name"] == name:
-                return True, json.loads(pending["outcome"])
-        row = self.connection.execute(
-            sa.text(self._queries.find_effect), {"event_pk": self.event.id, "name": name}
-        ).first()
-        return (True, json.loads(row[0])) if row else (False, None)
+        found = self._ledger.find(self.connection, self.event.id, name)
+        return (True, json.loads(found)) if found is not None else (False, None)
 
     def _record(self, name: str, key: str, outcome: Any) -> None:
         try:
@@ -122,13 +114,9 @@ class Context:
                 f"effect {name!r} returned a value that is not JSON-serialisable ({exc}); "
                 "the call was made, and its key protects the retry"
             ) from exc
-        params = {"event_pk": self.event.id, "name": name, "key": key, "outcome": serialised}
-        if self._kind == "sqlite":
-            self._deferred_effects.append(params)
-            return
-        # Its own transaction, on another connection: survives a rollback of ours.
-        with self._engine.begin() as conn:
-            conn.execute(sa.text(self._queries.record_effect), params)
+        # Its own transaction, on another connection (another file on SQLite):
+        # durable before the handler goes on, and survives a rollback of ours.
+        self._ledger.record(self.event.id, name, key, serialised)
 
     def effect(self, name: str, call: Callable[[str], T]) -> T:
         """Run ``call(key)`` once for this event and `name`; return its outcome.
@@ -219,7 +207,6 @@ class Context:
                 "action": action,
                 "payload": json.dumps(payload),
                 "now": time.time(),
-                "lease": self._lease,
             },
         )
         self._staged = True
@@ -234,14 +221,6 @@ class Context:
         if self._session is not None:
             self._session.close()
             self._session = None
-
-    def _write_deferred_effects(self) -> None:
-        if not self._deferred_effects:
-            return
-        with self._engine.begin() as conn:
-            for params in self._deferred_effects:
-                conn.execute(sa.text(self._queries.record_effect), params)
-        self._deferred_effects.clear()
 
 
 class HandlerSavepoints:

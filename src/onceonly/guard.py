@@ -10,8 +10,12 @@ The guard remembers: a key that completed stays completed. ::
         if run:
             build_and_send_report(day)
 
+    async with guard.aonce(f"nightly-report:{day}") as run:   # the same, async
+        if run:
+            await build_and_send_report(day)
+
     @guard.job(lambda order_id: f"receipt:{order_id}")
-    def send_receipt(order_id: int) -> str:
+    def send_receipt(order_id: int) -> str:      # or an ``async def``
         return mailer.send(order_id)       # returned again, not re-sent, on a repeat
 
 Semantics of a key:
@@ -20,12 +24,18 @@ Semantics of a key:
   (``run.result = ...``; the decorator records the return value when it is
   JSON-serialisable);
 - later calls: skipped (the decorator returns the recorded result);
+- a later call with other arguments (the decorator fingerprints them; ``once``
+  takes ``fingerprint=``): :class:`JobConflict`, never another call's result;
 - while another caller runs it: :class:`JobInProgress` is raised, so the queue
   retries later (skipping silently would lose the work if the first one fails);
 - the block raised: the key is ``failed`` and the next call runs it again;
 - the runner died (SIGKILL): after its lease (renewed every third of it while
   alive) runs out, the next call takes over. A runner that lost its lease
-  cannot mark the key done over the new owner (fencing).
+  cannot mark the key done over the new owner (fencing);
+- memory has a horizon: a finished key is remembered for ``ttl_seconds``
+  (30 days by default; ``None`` keeps it until deleted), then a call runs it
+  again, and :meth:`Guard.purge` (also run by ``onceonly purge``) deletes it.
+  Pick a horizon longer than any repeat you need to stop.
 
 The claim is one ``INSERT ... ON CONFLICT DO NOTHING``; take-overs are one
 conditional ``UPDATE``: the database decides who runs.
@@ -33,15 +43,19 @@ conditional ``UPDATE``: the database decides who runs.
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import hashlib
+import inspect
 import json
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from typing import Any, ParamSpec, TypeVar, cast
 
 import sqlalchemy as sa
 
@@ -50,14 +64,28 @@ from .db import create_engine, engine_kind
 from .queries import QUERIES
 from .store import migrate_blocking
 
-__all__ = ["Guard", "JobInProgress", "Run"]
+__all__ = ["DEFAULT_TTL", "Guard", "JobConflict", "JobInProgress", "Run", "fingerprint_of"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
+#: How long a finished key is remembered by default: 30 days.
+DEFAULT_TTL = 30 * 86400.0
+
 
 class JobInProgress(OnceonlyError):
     """Another live caller is running this key now; retry later."""
+
+
+class JobConflict(OnceonlyError):
+    """The key was recorded for a call with other arguments: answering with that
+    call's result would be wrong, and running again would break the key's promise."""
+
+
+def fingerprint_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """A stable digest of a call's arguments (JSON; other values by ``repr``)."""
+    encoded = json.dumps([list(args), kwargs], sort_keys=True, default=repr)
+    return hashlib.sha256(encoded.encode()).hexdigest()[:32]
 
 
 class Run:
@@ -77,6 +105,16 @@ class Run:
         return f"Run(key={self.key!r}, acquired={self.acquired})"
 
 
+@dataclass
+class _Held:
+    """A key this caller runs: its fence and the thread keeping its lease."""
+
+    key: str
+    fence: int
+    stop: threading.Event
+    keeper: threading.Thread
+
+
 class Guard:
     """Runs blocks once per key, remembered in ``onceonly_jobs``."""
 
@@ -86,96 +124,174 @@ class Guard:
         *,
         engine: sa.Engine | None = None,
         lease_seconds: float = 300.0,
+        ttl_seconds: float | None = DEFAULT_TTL,
     ) -> None:
+        if ttl_seconds is not None and ttl_seconds <= 0:
+            raise ValueError("ttl_seconds must be positive, or None to remember forever")
         self.database_url = database_url
         self.engine = engine or create_engine(database_url)
         self.q = QUERIES[engine_kind(database_url)]
         self._migrated = False
         self.lease = lease_seconds
+        self.ttl = ttl_seconds
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
 
     def _params(self, **extra: Any) -> dict[str, Any]:
-        return {"owner": self.owner, "lease": self.lease, "now": time.time(), **extra}
+        base = {"owner": self.owner, "lease": self.lease, "now": time.time(), "fingerprint": None}
+        return {**base, **extra}
 
-    def _acquire(self, key: str) -> tuple[int | None, Any]:
+    def _acquire(self, key: str, fingerprint: str | None = None) -> tuple[int | None, Any]:
         """(fence, None) when acquired; (None, recorded result) when already done."""
         if not self._migrated:
             migrate_blocking(self.database_url)  # a Celery worker may be first to run
             self._migrated = True
+        params = self._params(key=key, fingerprint=fingerprint)
         with self.engine.begin() as conn:
-            fence = conn.execute(sa.text(self.q.job_claim), self._params(key=key)).scalar()
+            fence = conn.execute(sa.text(self.q.job_claim), params).scalar()
         if fence is not None:
             return int(fence), None
         with self.engine.begin() as conn:
-            row = conn.execute(sa.text(self.q.job_read), self._params(key=key)).first()
+            row = conn.execute(sa.text(self.q.job_read), params).first()
             if row is None:  # purged in between: claim again
-                return self._acquire(key)
-            if row.status == "done":
+                return self._acquire(key, fingerprint)
+            if row.status == "done" and not row.forgotten:
+                if fingerprint and row.fingerprint and row.fingerprint != fingerprint:
+                    raise JobConflict(
+                        f"job {key!r} was done for a call with other arguments; "
+                        "use a key that names everything the job depends on"
+                    )
                 return None, json.loads(row.result) if row.result is not None else None
             if row.status == "running" and not row.expired:
                 raise JobInProgress(f"job {key!r} is running elsewhere; retry later")
             taken = conn.execute(
-                sa.text(self.q.job_takeover), self._params(key=key, fence=row.fence)
+                sa.text(self.q.job_takeover), {**params, "fence": row.fence}
             ).scalar()
         if taken is None:
             raise JobInProgress(f"job {key!r} was just taken over by another caller")
         return int(taken), None
 
-    @contextmanager
-    def once(self, key: str) -> Iterator[Run]:
-        """Context manager: ``with guard.once(key) as run: if run: ...``."""
+    def _start(self, key: str, fingerprint: str | None) -> tuple[Run, _Held | None]:
         if not key:
             raise ValueError("a job key must not be empty")
-        fence, recorded = self._acquire(key)
+        fence, recorded = self._acquire(key, fingerprint)
         if fence is None:
-            yield Run(key, acquired=False, result=recorded)
-            return
-        run = Run(key, acquired=True)
+            return Run(key, acquired=False, result=recorded), None
         stop = threading.Event()
         keeper = threading.Thread(
             target=self._keep, args=(key, fence, stop), name="onceonly-job-lease", daemon=True
         )
         keeper.start()
-        try:
-            yield run
-        except BaseException as exc:
-            stop.set()
-            keeper.join()
+        return Run(key, acquired=True), _Held(key, fence, stop, keeper)
+
+    def _end(self, held: _Held, run: Run, exc: BaseException | None, ttl: float | None) -> None:
+        held.stop.set()
+        held.keeper.join()
+        params = {"key": held.key, "fence": held.fence, "now": time.time(), "ttl": ttl}
+        if exc is not None:
             with self.engine.begin() as conn:
-                conn.execute(
-                    sa.text(self.q.job_fail),
-                    {"key": key, "fence": fence, "error": f"{type(exc).__name__}: {exc}"[:2000]},
-                )
-            raise
-        stop.set()
-        keeper.join()
+                error = f"{type(exc).__name__}: {exc}"[:2000]
+                conn.execute(sa.text(self.q.job_fail), {**params, "error": error})
+            return
         try:
             result = json.dumps(run.result)
         except (TypeError, ValueError):
             result = None
         with self.engine.begin() as conn:
-            done = conn.execute(
-                sa.text(self.q.job_finish), {"key": key, "fence": fence, "result": result}
-            )
+            done = conn.execute(sa.text(self.q.job_finish), {**params, "result": result})
         if done.rowcount != 1:
             raise JobInProgress(
-                f"job {key!r}: this run's lease ran out and another caller took over; "
+                f"job {held.key!r}: this run's lease ran out and another caller took over; "
                 "its completion was not recorded"
             )
 
-    def job(self, key: str | Callable[..., str]) -> Callable[[Callable[P, T]], Callable[P, T]]:
-        """Decorator: run the function once per key.
+    def _ttl(self, ttl: float | None) -> float | None:
+        if ttl is not None and ttl <= 0:
+            raise ValueError("ttl must be positive")
+        return self.ttl if ttl is None else ttl
+
+    @contextmanager
+    def once(
+        self, key: str, *, fingerprint: str | None = None, ttl: float | None = None
+    ) -> Iterator[Run]:
+        """Context manager: ``with guard.once(key) as run: if run: ...``.
+
+        `fingerprint` (any string naming the call's inputs) makes a later call
+        of the same key with another fingerprint raise :class:`JobConflict`;
+        `ttl` overrides the guard's memory horizon for this key.
+        """
+        ttl = self._ttl(ttl)
+        run, held = self._start(key, fingerprint)
+        if held is None:
+            yield run
+            return
+        try:
+            yield run
+        except BaseException as exc:
+            self._end(held, run, exc, ttl)
+            raise
+        self._end(held, run, None, ttl)
+
+    @asynccontextmanager
+    async def aonce(
+        self, key: str, *, fingerprint: str | None = None, ttl: float | None = None
+    ) -> AsyncIterator[Run]:
+        """:meth:`once` for async code: ``async with guard.aonce(key) as run:``.
+
+        The database calls run in a thread, so the event loop never waits on them.
+        """
+        ttl = self._ttl(ttl)
+        run, held = await asyncio.to_thread(self._start, key, fingerprint)
+        if held is None:
+            yield run
+            return
+        try:
+            yield run
+        except BaseException as exc:
+            await asyncio.to_thread(self._end, held, run, exc, ttl)
+            raise
+        await asyncio.to_thread(self._end, held, run, None, ttl)
+
+    def job(
+        self,
+        key: str | Callable[..., str],
+        *,
+        fingerprint: bool | Callable[..., str] = True,
+        ttl: float | None = None,
+    ) -> Callable[[Callable[P, T]], Callable[P, T]]:
+        """Decorator: run the function (sync or ``async def``) once per key.
 
         `key` is a function of the call's arguments, or a format string
         (``"receipt:{0}"``, ``"import:{path}"``). A repeat returns the recorded
-        result (JSON round-tripped), or ``None`` if it was not serialisable.
+        result (JSON round-tripped), or ``None`` if it was not serialisable. A
+        repeat with other arguments raises :class:`JobConflict`: `fingerprint`
+        (by default :func:`fingerprint_of` the arguments) is a function of them
+        to compare instead, or False to compare nothing.
         """
 
+        def names(*args: Any, **kwargs: Any) -> tuple[str, str | None]:
+            k = key(*args, **kwargs) if callable(key) else key.format(*args, **kwargs)
+            if fingerprint is True:
+                return k, fingerprint_of(args, kwargs)
+            return k, fingerprint(*args, **kwargs) if callable(fingerprint) else None
+
         def decorate(fn: Callable[P, T]) -> Callable[P, T]:
+            if inspect.iscoroutinefunction(fn):
+                coroutine_fn = cast(Callable[..., Awaitable[Any]], fn)
+
+                @functools.wraps(fn)
+                async def awrapper(*args: Any, **kwargs: Any) -> Any:
+                    k, fp = names(*args, **kwargs)
+                    async with self.aonce(k, fingerprint=fp, ttl=ttl) as run:
+                        if run:
+                            run.result = await coroutine_fn(*args, **kwargs)
+                        return run.result
+
+                return cast(Callable[P, T], awrapper)
+
             @functools.wraps(fn)
             def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-                k = key(*args, **kwargs) if callable(key) else key.format(*args, **kwargs)
-                with self.once(k) as run:
+                k, fp = names(*args, **kwargs)
+                with self.once(k, fingerprint=fp, ttl=ttl) as run:
                     if not run:
                         return run.result  # type: ignore[no-any-return]
                     run.result = fn(*args, **kwargs)
@@ -185,10 +301,23 @@ class Guard:
 
         return decorate
 
+    def purge(self, *, dry_run: bool = False) -> int:
+        """Delete (or count) finished keys whose memory expired; how many."""
+        if not self._migrated:
+            migrate_blocking(self.database_url)
+            self._migrated = True
+        # The count is the purge's own statement with its verb swapped: both
+        # always select the same rows.
+        sql = self.q.job_purge.replace("DELETE", "SELECT count(*)", 1) if dry_run else None
+        with self.engine.begin() as conn:
+            if sql is not None:
+                return int(conn.execute(sa.text(sql), {"now": time.time()}).scalar_one())
+            return conn.execute(sa.text(self.q.job_purge), {"now": time.time()}).rowcount
+
     def _keep(self, key: str, fence: int, stop: threading.Event) -> None:
         while not stop.wait(self.lease / 3):
             try:
                 with self.engine.begin() as conn:
                     conn.execute(sa.text(self.q.job_extend), self._params(key=key, fence=fence))
-            except sa.exc.OperationalError:
-                continue
+            except sa.exc.DBAPIError:
+                continue  # the lease may run out; fencing keeps a take-over safe

@@ -23,7 +23,18 @@ onceonly_deliveries_rejected_total    provider, reason    refused: ``signature``
 onceonly_events_processed_total       provider            handlers that committed
 onceonly_events_failed_total          provider            failed attempts to be retried
 onceonly_events_dead_total            provider            events given up on (dead)
+onceonly_worker_database_errors_total operation           worker database calls that
+                                                          failed and were retried:
+                                                          ``start``, ``claim``,
+                                                          ``batch``, ``leases``,
+                                                          ``outbox-claim``,
+                                                          ``outbox-sweep``,
+                                                          ``outbox-mark``,
+                                                          ``outbox-lease``
 ====================================  ==================  ==============================
+
+and the gauge ``onceonly_worker_database_reachable``: 1 while the worker's last
+database call succeeded, 0 after a failure (set by the worker, not scraped).
 
 plus the histogram ``onceonly_handler_duration_seconds{provider}`` and, read
 from the database when scraped (at most once a second, whatever the number of
@@ -46,7 +57,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -231,6 +242,18 @@ class Metrics:
             ["provider"],
             registry=r,
         )
+        self._database_errors = Counter(
+            "onceonly_worker_database_errors",
+            "Worker database calls that failed (each is logged and retried)",
+            ["operation"],
+            registry=r,
+        )
+        self._database_reachable = Gauge(
+            "onceonly_worker_database_reachable",
+            "1 while the worker's last database call succeeded, 0 after a failure",
+            registry=r,
+        )
+        self._database_reachable.set(1)
         self._duration = Histogram(
             "onceonly_handler_duration_seconds",
             "Time spent in handlers, successful or not",
@@ -308,6 +331,14 @@ class Metrics:
             self._worker(provider).failed.inc()
         for provider in dead:
             self._worker(provider).dead.inc()
+
+    def worker_database_error(self, operation: str) -> None:
+        """A worker database call failed; the worker backs off and retries it."""
+        self._database_errors.labels(operation).inc()
+        self._database_reachable.set(0)
+
+    def worker_database_ok(self) -> None:
+        self._database_reachable.set(1)
 
     # Exposition.
 

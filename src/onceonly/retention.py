@@ -37,6 +37,7 @@ from ._exceptions import ConfigurationError
 
 if TYPE_CHECKING:
     from .config import Onceonly
+    from .ledger import EffectLedger
 
 __all__ = [
     "DEFAULT_RETENTION_IDS",
@@ -83,6 +84,8 @@ class PurgeReport:
     effects_deleted: int
     outbox_deleted: int
     idempotency_keys_deleted: int
+    #: Job guard keys finished longer ago than their memory horizon.
+    jobs_deleted: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -150,7 +153,19 @@ class _Totals:
     def __init__(self) -> None:
         self.payloads = self.events = self.attempts = self.effects = self.outbox = 0
 
-    def add_children(self, conn: sa.Connection, ids: Sequence[int], *, delete: bool) -> None:
+    def forget(self, ledger: EffectLedger, ids: Sequence[int]) -> None:
+        """Delete the records the ledger keeps outside the main database, once
+        their events' deletion committed: a failure then leaves records of
+        events that are gone, which nothing reads, never an event without the
+        records that stop its effects from running again."""
+        self.effects += ledger.forget(ids, delete=True)
+
+    def add_children(
+        self, conn: sa.Connection, ids: Sequence[int], *, delete: bool, ledger: EffectLedger
+    ) -> None:
+        """Count or delete the rows that belong to these events."""
+        if not delete:  # records kept in a file of their own (SQLite): see forget()
+            self.effects += ledger.forget(ids, delete=False)
         for name, table, condition in _CHILDREN:
             verb = "DELETE" if delete else "SELECT count(*)"
             result = conn.execute(
@@ -201,7 +216,7 @@ def purge(
     from .store import migrate_blocking
 
     migrate_blocking(app.database_url)
-    engine, kind = app.engine, app.engine_kind
+    engine, kind, ledger = app.engine, app.engine_kind, app.effect_ledger
     now = datetime.now(UTC)
     payload_cutoff, ids_cutoff = now - payloads_age, now - ids_age
     totals = _Totals()
@@ -212,21 +227,23 @@ def purge(
     for ids in _walk(engine, _EXPIRED_IDS, ids_params, batch_size):
         with engine.begin() as conn:
             if dry_run:
-                totals.add_children(conn, ids, delete=False)
+                totals.add_children(conn, ids, delete=False, ledger=ledger)
                 totals.events += len(ids)
                 continue
             doomed = [int(r[0]) for r in conn.execute(lock, {**ids_params, "ids": ids})]
             if doomed:
                 # Children first, counted; the foreign keys would cascade anyway.
-                totals.add_children(conn, doomed, delete=True)
+                totals.add_children(conn, doomed, delete=True, ledger=ledger)
                 totals.events += conn.execute(_DELETE_EVENTS, {"ids": doomed}).rowcount
+        if doomed:
+            totals.forget(ledger, doomed)
 
     payload_params = {"cutoff": _when(payload_cutoff, kind), "ids_cutoff": _when(ids_cutoff, kind)}
     select = _OLD_PROCESSED_DRY if dry_run else _OLD_PROCESSED
     for ids in _walk(engine, select, payload_params, batch_size):
         with engine.begin() as conn:
             if dry_run:
-                totals.add_children(conn, ids, delete=False)
+                totals.add_children(conn, ids, delete=False, ledger=ledger)
                 totals.payloads += len(ids)
                 continue
             purged = [
@@ -236,10 +253,13 @@ def purge(
                 )
             ]
             if purged:
-                totals.add_children(conn, purged, delete=True)
+                totals.add_children(conn, purged, delete=True, ledger=ledger)
             totals.payloads += len(purged)
+        if purged:
+            totals.forget(ledger, purged)
 
     keys = _expired_keys(app, dry_run=dry_run)
+    jobs = app.guard().purge(dry_run=dry_run)
     return PurgeReport(
         dry_run=dry_run,
         payload_cutoff=payload_cutoff,
@@ -250,6 +270,7 @@ def purge(
         effects_deleted=totals.effects,
         outbox_deleted=totals.outbox,
         idempotency_keys_deleted=keys,
+        jobs_deleted=jobs,
     )
 
 

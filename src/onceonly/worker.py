@@ -46,10 +46,11 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from ._exceptions import OnceonlyError, StoreUnavailable
-from .clients import ApiClient, Target
+from .clients import Target
 from .context import Context, HandlerSavepoints
 from .events import Event, EventStatus
-from .outbox import OutboxRunner
+from .outbox import DatabaseError, OutboxRunner
+from .prefetch import prefetch
 from .queries import QUERIES
 from .store import migrate_blocking
 
@@ -136,14 +137,17 @@ class Worker:
         self.processed = 0
         self.failed = 0
         self.metrics = app.metrics
+        self._db_failures = 0  # consecutive failed claims, for the back-off
         self.outbox = OutboxRunner(
             self.engine,
             self.q,
             app.handlers.actions,
-            lease=self.lease,
+            owner=self.name,
+            lease=app.outbox_lease_seconds,
             max_attempts=app.max_attempts,
             delay=self._delay,
             loop=self._loop,
+            on_database_error=self._database_failed,
         )
 
     # Public.
@@ -178,7 +182,7 @@ class Worker:
                             self._held.update({c.event.id: c for c in chunk})
                         pool.submit(self._run_chunk, chunk).add_done_callback(self._done)
                 if time.monotonic() >= next_sweep:
-                    self.outbox.sweep()
+                    self.outbox.sweep()  # logs and counts its own database errors
                     next_sweep = time.monotonic() + 2.0
                 if claimed and len(claimed) == idle_threads * self.batch_size:
                     continue  # more may be due
@@ -225,8 +229,9 @@ class Worker:
             try:
                 migrate_blocking(self.app.database_url)
                 return True
-            except StoreUnavailable as exc:
-                log.warning("database not reachable, retrying in 1 s: %s", exc)
+            except (StoreUnavailable, *DatabaseError) as exc:
+                self._database_failed("start", exc)
+                log.warning("database not reachable at start, retrying in 1 s: %s", exc)
                 self._stop.wait(1.0)
         return False
 
@@ -239,11 +244,23 @@ class Worker:
         try:
             with self.engine.begin() as conn:
                 rows = conn.execute(sa.text(self.q.claim), self._params(n=n)).all()
-        except sa.exc.OperationalError as exc:
-            log.warning("claim failed (will retry): %s", exc.orig)
-            self._stop.wait(min(1.0, self.poll_interval))
+        except DatabaseError as exc:
+            self._database_failed("claim", exc)
+            # Backed off, doubling up to 5 s: a database that is away is not
+            # hammered by every worker at once, and a short blip costs little.
+            self._db_failures += 1
+            pause = min(5.0, self.poll_interval * 2 ** min(self._db_failures, 8))
+            log.warning("claim failed (retry in %.1f s): %s", pause, getattr(exc, "orig", exc))
+            self._stop.wait(pause)
             return []
+        if self._db_failures:
+            log.info("database reachable again after %d failed claims", self._db_failures)
+            self._db_failures = 0
+        self.metrics.worker_database_ok()
         return [Claimed(_event_from_row(row), row.fence) for row in rows]
+
+    def _database_failed(self, operation: str, exc: BaseException) -> None:
+        self.metrics.worker_database_error(operation)
 
     def _due_count(self) -> int:
         now = "now()" if self.kind == "postgresql" else ":now"
@@ -275,6 +292,9 @@ class Worker:
             self._started.update(ids)
         try:
             self._process_batch(chunk)
+        except DatabaseError as exc:
+            self._database_failed("batch", exc)
+            log.warning("events %s: database error (leases will expire): %s", ids, exc)
         except Exception:  # never let one batch kill the worker thread
             log.exception("events %s: unexpected error in the worker; leases will expire", ids)
         finally:
@@ -297,7 +317,7 @@ class Worker:
         contexts: list[Context] = []
         processed: list[tuple[Claimed, str]] = []
         failures: list[tuple[Claimed, Exception, str | None]] = []
-        prefetched = self._prefetch(batch)
+        prefetched = prefetch(self.app, [c.event for c in batch], self._loop)
         try:
             with self.engine.begin() as conn:
                 current = {
@@ -339,7 +359,6 @@ class Worker:
         finally:
             for ctx in contexts:
                 ctx._close()
-                ctx._write_deferred_effects()
         self.processed += len(processed)
         self.failed += len(failures)
         # Counted once the transaction committed, so they match the table.
@@ -352,51 +371,6 @@ class Worker:
         staged = [c.event.id for c in contexts if c._staged]
         if staged:
             self.outbox.run_for(staged)
-
-    def _prefetch(self, batch: list[Claimed]) -> dict[int, dict[Target, Any]]:
-        """Read what handlers registered with ``prefetch`` will ``ctx.fetch()``,
-        before their transaction opens and concurrently across the batch.
-
-        Inside the transaction a network wait would hold the row locks (on
-        SQLite, the database's only write lock, which the receiver needs). A
-        failed read is kept and raised by ``ctx.fetch()`` in the handler.
-        """
-        if not self.app.api_clients:
-            return {}  # the common case: nothing to read, nothing to resolve
-        wanted: dict[tuple[int, Target], tuple[ApiClient, list[int]]] = {}
-        for item in batch:
-            event = item.event
-            registration = self.app.handlers.resolve(event.provider, event.event_type)
-            client = self.app.api_clients.get(event.provider)
-            if registration is None or client is None:
-                continue
-            for kind in registration.prefetch:
-                try:
-                    target = client.target(event, kind)
-                except Exception:  # deterministic: ctx.fetch() raises it in the handler
-                    continue
-                # Two events about one object in a batch share one read.
-                wanted.setdefault((id(client), target), (client, []))[1].append(event.id)
-        if not wanted:
-            return {}
-        limit = asyncio.Semaphore(8)
-
-        async def read(client: ApiClient, target: Target) -> dict[str, Any] | Exception:
-            async with limit:
-                try:
-                    return await client.get(target)
-                except Exception as exc:  # kept for the handler, whatever it is
-                    return exc
-
-        async def read_all() -> list[dict[str, Any] | Exception]:
-            return await asyncio.gather(*(read(c, t) for (_, t), (c, _) in wanted.items()))
-
-        results = self._loop().run_until_complete(read_all())
-        found: dict[int, dict[Target, Any]] = {}
-        for ((_, target), (_, event_ids)), result in zip(wanted.items(), results, strict=True):
-            for event_id in event_ids:
-                found.setdefault(event_id, {})[target] = result
-        return found
 
     def _handle(
         self,
@@ -426,11 +400,9 @@ class Worker:
             event=event,
             connection=conn,
             attempt=event.attempts,
-            _engine=self.engine,
+            _ledger=self.app.effect_ledger,
             _queries=self.q,
-            _kind=self.kind,
             _actions=frozenset(self.app.handlers.actions),
-            _lease=self.lease,
             _api_clients=self.app.api_clients,
             _event_loop=self._loop,
             _fetched=prefetched,
@@ -514,6 +486,7 @@ class Worker:
 
     def _keep_leases(self) -> None:
         while not self._stop.wait(self.lease / 3):
+            self.outbox.extend_leases()
             with self._lock:
                 ids = list(self._held)
             if not ids:
@@ -524,8 +497,9 @@ class Worker:
                         sa.text(self.q.extend_leases),
                         self._params(ids=ids, ids_json=json.dumps(ids)),
                     )
-            except sa.exc.OperationalError as exc:
-                log.warning("could not extend leases: %s", exc.orig)
+            except DatabaseError as exc:
+                self._database_failed("leases", exc)
+                log.warning("could not extend leases: %s", getattr(exc, "orig", exc))
 
     def _release_unstarted(self) -> None:
         with self._lock:
@@ -539,8 +513,8 @@ class Worker:
                 for c in waiting:
                     conn.execute(sa.text(self.q.release), {"id": c.event.id, "fence": c.fence})
             log.info("released %d claimed events not yet started", len(waiting))
-        except sa.exc.OperationalError as exc:
-            log.warning("could not release events (their leases will expire): %s", exc.orig)
+        except DatabaseError as exc:
+            log.warning("could not release events (their leases will expire): %s", exc)
 
     # Waking up.
 

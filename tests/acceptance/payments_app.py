@@ -10,6 +10,8 @@ subprocesses as well as in-process apps:
 
 - ``ONCEONLY_DATABASE_URL``: the database (required);
 - ``PAYMENTS_GATEWAY_URL``: the payment gateway of :func:`effect_app`;
+- ``PAYMENTS_CARD_URL``, ``PAYMENTS_MAIL_URL``: the card and mail APIs of
+  :func:`ledger_app`;
 - ``PAYMENTS_STATE_DIR``: where :func:`broken_app` looks for its ``fixed`` marker.
 """
 
@@ -122,6 +124,44 @@ def effect_app(database_url: str | None = None) -> Onceonly:
 
         outcome = ctx.effect("charge", call)
         _record_payment(event, ctx, charge_id=str(outcome["id"]))
+
+    return app
+
+
+def ledger_app(database_url: str | None = None) -> Onceonly:
+    """Charges a card with ``ctx.effect`` and stages a receipt e-mail, at the
+    loopback APIs ``$PAYMENTS_CARD_URL`` and ``$PAYMENTS_MAIL_URL``; every call
+    says which event and which worker process made it."""
+    # Outbox claims longer than the event leases: a row's runner may wait for
+    # SQLite's write lock (busy_timeout, 5 s) before it can mark the row sent.
+    app = _app(
+        database_url, lease_seconds=2, outbox_lease_seconds=10, retry_base=0.05, retry_cap=0.5
+    )
+    card = os.environ.get("PAYMENTS_CARD_URL", "")
+    mail = os.environ.get("PAYMENTS_MAIL_URL", "")
+    client = httpx.Client(timeout=10)  # one per process: thread-safe, keeps connections
+
+    def headers(key: str, event_id: str) -> dict[str, str]:
+        return {"Idempotency-Key": key, "X-Event": event_id, "X-Worker-Pid": str(os.getpid())}
+
+    @app.handler("stripe")
+    def charge(event: Event, ctx: Context) -> None:
+        def call(key: str) -> dict[str, Any]:
+            response = client.post(f"{card}/charges", headers=headers(key, event.event_id))
+            response.raise_for_status()
+            outcome: dict[str, Any] = response.json()
+            return outcome
+
+        outcome = ctx.effect("charge", call)
+        _record_payment(event, ctx, charge_id=str(outcome["id"]))
+        ctx.stage("receipt", {"event_id": event.event_id})
+        # The rest of the handler (and of its batch) takes a while, so that
+        # kills land there too: after the call's record, no longer a window.
+        time.sleep(0.05 if random.random() < 0.1 else random.uniform(0.0, 0.005))
+
+    @app.action("receipt")
+    def receipt(payload: dict[str, Any], key: str) -> None:
+        client.post(f"{mail}/mails", headers=headers(key, payload["event_id"])).raise_for_status()
 
     return app
 

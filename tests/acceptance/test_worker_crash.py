@@ -28,6 +28,7 @@ import sqlalchemy as sa
 
 from onceonly.context import effect_key
 from onceonly.db import create_engine
+from onceonly.ledger import EffectLedger
 from processes import (
     ONCEONLY,
     Proc,
@@ -297,6 +298,9 @@ def test_crash_between_the_call_and_its_record_is_covered_by_the_idempotency_key
 ) -> None:
     payments_app.create_payments_table(database_url)
     receive(database_url, "evt_charge")
+    effect_ledger = EffectLedger(database_url, db)
+    effect_ledger.prepare()  # a fresh SQLite ledger file has no table yet
+    ledger = effect_ledger.engine  # where the records live
     (pk,) = rows(db, "SELECT id FROM onceonly_events WHERE event_id = 'evt_charge'")[0]
     key = effect_key("stripe", "evt_charge", "charge")
 
@@ -308,7 +312,7 @@ def test_crash_between_the_call_and_its_record_is_covered_by_the_idempotency_key
         assert gateway.keys_seen == [key]
         assert len(gateway.charges) == 1
         assert rows(db, "SELECT status, attempts FROM onceonly_events") == [("processing", 1)]
-        assert scalar(db, "SELECT count(*) FROM onceonly_effects") == 0  # never recorded
+        assert scalar(ledger, "SELECT count(*) FROM onceonly_effects") == 0  # never recorded
         assert scalar(db, "SELECT count(*) FROM payments") == 0
         assert scalar(db, "SELECT count(*) FROM onceonly_attempts") == 0  # no error to report
 
@@ -326,7 +330,8 @@ def test_crash_between_the_call_and_its_record_is_covered_by_the_idempotency_key
         assert gateway.charges == [{"id": "ch_1", "amount": 1999, "event_id": "evt_charge"}]
 
     assert rows(db, "SELECT status, attempts FROM onceonly_events") == [("processed", 2)]
-    effects = rows(db, "SELECT event_pk, name, key, outcome FROM onceonly_effects")
+    effects = rows(ledger, "SELECT event_pk, name, key, outcome FROM onceonly_effects")
+    effect_ledger.dispose()
     assert len(effects) == 1
     assert tuple(effects[0][:3]) == (pk, "charge", key)
     assert json.loads(effects[0][3]) == gateway.charges[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -10,7 +11,8 @@ import pytest
 import sqlalchemy as sa
 
 from onceonly import Onceonly
-from onceonly.guard import Guard, JobInProgress
+from onceonly.guard import Guard, JobConflict, JobInProgress
+from onceonly.retention import purge
 
 
 @pytest.fixture
@@ -150,3 +152,81 @@ def test_a_runner_that_lost_its_lease_cannot_mark_done(database_url: str) -> Non
     with short.engine.connect() as conn:
         (row,) = conn.execute(sa.text("SELECT status, runs FROM onceonly_jobs")).all()
     assert (row.status, row.runs) == ("done", 2)
+
+
+async def test_async_jobs_run_once_and_repeat_the_recorded_result(guard: Guard) -> None:
+    sent: list[int] = []
+
+    @guard.job("async-receipt:{0}")
+    async def send_receipt(order_id: int) -> dict[str, int]:
+        await asyncio.sleep(0)
+        sent.append(order_id)
+        return {"order": order_id}
+
+    assert await send_receipt(7) == {"order": 7}
+    assert await send_receipt(7) == {"order": 7}
+    assert sent == [7]
+    async with guard.aonce("async-block") as run:
+        assert run
+        run.result = "built"
+    async with guard.aonce("async-block") as run:
+        assert not run
+        assert run.result == "built"
+
+    async def failing() -> None:
+        async with guard.aonce("async-fails") as run:
+            assert run
+            raise RuntimeError("the block failed")
+
+    with pytest.raises(RuntimeError):
+        await failing()
+    async with guard.aonce("async-fails") as run:
+        assert run  # a failure leaves the key retryable
+
+
+def test_the_same_key_with_other_arguments_is_refused(guard: Guard) -> None:
+    charged: list[tuple[str, int]] = []
+
+    @guard.job(lambda customer, amount: f"charge:{customer}")  # a key that forgot the amount
+    def charge(customer: str, amount: int) -> str:
+        charged.append((customer, amount))
+        return f"charged {amount}"
+
+    assert charge("ana", 100) == "charged 100"
+    assert charge("ana", 100) == "charged 100"  # a true repeat: the recorded result
+    with pytest.raises(JobConflict, match="other arguments"):
+        charge("ana", 250)
+    assert charged == [("ana", 100)]
+    with guard.once("import:file.csv", fingerprint="sha-1") as run:
+        assert run
+    with pytest.raises(JobConflict), guard.once("import:file.csv", fingerprint="sha-2"):
+        pass
+
+
+def test_finished_keys_expire_and_are_purged(database_url: str) -> None:
+    app = Onceonly(database_url=database_url, environ={})
+    guard = app.guard(ttl_seconds=0.5)
+    runs: list[str] = []
+    for key in ("short", "kept"):
+        with guard.once(key, ttl=3600 if key == "kept" else None) as run:
+            assert run
+            runs.append(key)
+    forever = app.guard(ttl_seconds=None)
+    with forever.once("forever") as run:
+        assert run
+    with guard.once("short") as run:
+        assert not run  # still remembered
+    time.sleep(0.6)
+    assert guard.purge(dry_run=True) == 1
+    report = purge(app)  # onceonly purge deletes them too
+    assert report.jobs_deleted == 1
+    with app.engine.connect() as conn:
+        keys = conn.execute(sa.text("SELECT key FROM onceonly_jobs ORDER BY key")).scalars()
+        assert list(keys) == ["forever", "kept"]
+    with guard.once("short") as run:
+        assert run  # past its horizon, the key runs again
+    with guard.once("expired-unpurged", ttl=0.2) as run:
+        assert run
+    time.sleep(0.3)
+    with guard.once("expired-unpurged") as run:
+        assert run  # expired keys run again even before a purge

@@ -268,7 +268,8 @@ def test_effects_are_recorded_and_returned_on_retry(database_url: str) -> None:
     app.worker().run_until_idle()
     assert statuses(app) == {"evt_fx": "processed"}
     assert len(external_calls) == 1  # the retry got the recorded outcome back
-    (record,) = rows(app, "SELECT name, key, outcome FROM onceonly_effects")
+    with app.effect_ledger.engine.connect() as conn:
+        (record,) = conn.execute(sa.text("SELECT name, key, outcome FROM onceonly_effects")).all()
     assert (record.name, record.outcome) == ("charge", '{"id": "ch_1"}')
     assert record.key == external_calls[0]
     assert paid(app) == ["evt_fx"]

@@ -192,7 +192,33 @@ MIGRATIONS: dict[str, tuple[Migration, ...]] = {
                 "ALTER TABLE onceonly_events ADD COLUMN payload_purged_at TEXT",
             ),
         ),
-        Migration(5, "dashboard sessions", (_SESSIONS.format(seconds="REAL"),)),
+        Migration(
+            5,
+            "outbox claims: owner, lease, fence",
+            (
+                # A row is claimed (by one runner) while lease_expires_at is in
+                # the future; claims are single UPDATEs that the database decides.
+                "ALTER TABLE onceonly_outbox ADD COLUMN owner TEXT",
+                "ALTER TABLE onceonly_outbox ADD COLUMN lease_expires_at REAL",
+                "ALTER TABLE onceonly_outbox ADD COLUMN fence INTEGER NOT NULL DEFAULT 0",
+                # run_for() claims the rows of the events it just committed.
+                "CREATE INDEX onceonly_outbox_event_idx ON onceonly_outbox (event_pk)"
+                " WHERE status = 'pending'",
+            ),
+        ),
+        Migration(
+            6,
+            "job guard: argument fingerprints, expiry of finished keys",
+            (
+                # NULL fingerprint: a key recorded before fingerprints, never refused.
+                "ALTER TABLE onceonly_jobs ADD COLUMN fingerprint TEXT",
+                # Unix seconds; NULL: remembered until purged by hand.
+                "ALTER TABLE onceonly_jobs ADD COLUMN expires_at REAL",
+                "CREATE INDEX onceonly_jobs_expiry_idx ON onceonly_jobs (expires_at)"
+                " WHERE expires_at IS NOT NULL",
+            ),
+        ),
+        Migration(7, "dashboard sessions", (_SESSIONS.format(seconds="REAL"),)),
     ),
     "postgresql": (
         Migration(
@@ -334,7 +360,30 @@ MIGRATIONS: dict[str, tuple[Migration, ...]] = {
                 " ADD COLUMN payload_purged_at TIMESTAMPTZ",
             ),
         ),
-        Migration(5, "dashboard sessions", (_SESSIONS.format(seconds="DOUBLE PRECISION"),)),
+        Migration(
+            5,
+            "outbox claims: owner, lease, fence",
+            (
+                "ALTER TABLE onceonly_outbox"
+                " ADD COLUMN owner TEXT,"
+                " ADD COLUMN lease_expires_at TIMESTAMPTZ,"
+                " ADD COLUMN fence BIGINT NOT NULL DEFAULT 0",
+                "CREATE INDEX onceonly_outbox_event_idx ON onceonly_outbox (event_pk)"
+                " WHERE status = 'pending'",
+            ),
+        ),
+        Migration(
+            6,
+            "job guard: argument fingerprints, expiry of finished keys",
+            (
+                "ALTER TABLE onceonly_jobs"
+                " ADD COLUMN fingerprint TEXT,"
+                " ADD COLUMN expires_at TIMESTAMPTZ",
+                "CREATE INDEX onceonly_jobs_expiry_idx ON onceonly_jobs (expires_at)"
+                " WHERE expires_at IS NOT NULL",
+            ),
+        ),
+        Migration(7, "dashboard sessions", (_SESSIONS.format(seconds="DOUBLE PRECISION"),)),
     ),
 }
 
