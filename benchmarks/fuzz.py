@@ -75,6 +75,7 @@ async def run(url: str, requests: int, concurrency: int, seed: int) -> dict[str,
     sent: list[Shot] = []
     statuses: Counter[int] = Counter()
     unexpected: Counter[str] = Counter()
+    closed_early: Counter[str] = Counter()
     genuine: dict[tuple[str, str], bytes] = {}
     queue: asyncio.Queue[Shot] = asyncio.Queue(maxsize=concurrency * 4)
 
@@ -95,8 +96,13 @@ async def run(url: str, requests: int, concurrency: int, seed: int) -> dict[str,
                 response = await client.request(
                     shot.method, shot.path, content=shot.body, headers=shot.headers
                 )
-            except httpx.HTTPError as exc:
-                unexpected[f"{shot.kind}: {type(exc).__name__}"] += 1
+            except httpx.TransportError as exc:
+                if shot.kind.startswith("oversized"):
+                    # Refused from its Content-Length and the connection closed
+                    # while this client was still sending: a refusal too.
+                    closed_early[shot.kind] += 1
+                else:
+                    unexpected[f"{shot.kind}: {type(exc).__name__}"] += 1
                 continue
             statuses[response.status_code] += 1
             if response.status_code not in shot.expected:
@@ -112,6 +118,7 @@ async def run(url: str, requests: int, concurrency: int, seed: int) -> dict[str,
         "seconds": round(time.monotonic() - started, 1),
         "statuses": dict(sorted(statuses.items())),
         "unexpected": dict(unexpected),
+        "refused_by_closing": dict(closed_early),
         "genuine_acknowledged": len(genuine),
         "genuine": genuine,
     }

@@ -152,7 +152,8 @@ def test_show_hides_credentials_and_never_reads_data_as_markup(
             assert secret not in output
         assert "1999" in output  # what is not configured stays visible
     data = json.loads(as_json.stdout)
-    assert data["headers"]["authorization"] == "[redacted]"
+    assert "authorization" not in data["headers"]  # never stored
+    assert data["headers"]["stripe-signature"] == "[redacted]"
     assert json.loads(data["body"])["data"]["Payer"]["Email"] == "[redacted]"
     missing = run("events", "show", "stripe:[red]nope", env=env, cwd=tmp_path)
     assert "[red]nope" in missing.stderr

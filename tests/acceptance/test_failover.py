@@ -69,12 +69,31 @@ class Pair:
 
     async def fence(self) -> None:
         """Make the primary refuse writes while it stays up, as a failover
-        manager fences a primary it cannot stop: connections already open stay
-        open, on a server that now answers every write with an error."""
+        manager fences a primary it cannot stop: idle connections stay open,
+        on a server that now answers every write with an error."""
         conn = await asyncpg.connect(self.primary.url(), timeout=5)
         try:
             await conn.execute("ALTER SYSTEM SET default_transaction_read_only = on")
             await conn.execute("SELECT pg_reload_conf()")
+        finally:
+            await conn.close()
+
+    async def cut_waiting_commits(self, seconds: float) -> None:
+        """For `seconds`, end the fenced primary's commits that wait for the
+        standby (transactions begun before the fence may still commit), as a
+        demotion ends them. Left alone they would wait for ever for a standby
+        that is a primary of its own now, and a worker's handler waiting there
+        keeps its events' leases renewed: onceonly puts no timeout on a
+        handler's transaction."""
+        conn = await asyncpg.connect(self.primary.url(), timeout=5)
+        try:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                await conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE wait_event = 'SyncRep' AND pid <> pg_backend_pid()"
+                )
+                await asyncio.sleep(0.05)
         finally:
             await conn.close()
 
@@ -233,6 +252,8 @@ async def _incident(pair: Pair, run: Run, how: str) -> None:
     run.down_at = time.monotonic()
     await asyncio.to_thread(pair.standby.promote)
     run.promoted_at = time.monotonic()
+    if how == "fenced":
+        await pair.cut_waiting_commits(3.0)
 
 
 def deliver_through_failover(url: str, pair: Pair, how: str, timeout: float = 60) -> Run:

@@ -96,9 +96,20 @@ def shots() -> st.SearchStrategy[list[Shot]]:
 
 async def fire(url: str, batch: list[Shot]) -> list[httpx.Response]:
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-        return await asyncio.gather(
-            *(client.request(s.method, s.path, content=s.body, headers=s.headers) for s in batch)
-        )
+
+        async def one(shot: Shot) -> httpx.Response:
+            try:
+                return await client.request(
+                    shot.method, shot.path, content=shot.body, headers=shot.headers
+                )
+            except httpx.TransportError:
+                if not shot.kind.startswith("oversized"):
+                    raise
+                # Refused from its Content-Length, and the connection closed
+                # while the body was still being sent: a refusal too.
+                return httpx.Response(413)
+
+        return await asyncio.gather(*(one(s) for s in batch))
 
 
 async def stored(database_url: str) -> list[tuple[tuple[str, str], bytes]]:
