@@ -525,6 +525,22 @@ def test_standardwebhooks_identify(prefix: str, body: bytes, expected_type: str 
 
 
 @pytest.mark.parametrize(
+    ("signed", "unsigned"), [("svix", "webhook"), ("webhook", "svix")], ids=["svix", "webhook"]
+)
+def test_standardwebhooks_id_comes_from_the_verified_family(signed: str, unsigned: str) -> None:
+    # A captured delivery replayed with another id in the other family's
+    # header must keep its signed id: else each replay is a new event.
+    provider = STANDARD.provider()
+    headers = {**sw_headers(BODY, prefix=signed), f"{unsigned}-id": "msg_forged"}
+    if unsigned == "svix":
+        headers["svix-timestamp"] = str(NOW)
+        headers["svix-signature"] = BAD_B64
+    checked = delivery(provider, BODY, headers)
+    provider.verify(checked)
+    assert provider.identify(checked).event_id == MSG_ID
+
+
+@pytest.mark.parametrize(
     ("body", "drop"),
     [
         pytest.param(b"not json", None, id="not json"),
