@@ -11,12 +11,16 @@ import httpx
 import pytest
 
 from onceonly import Event, Onceonly, create_store
-from onceonly.providers import StandardWebhooks
+from onceonly.providers import GitHub, Shopify, StandardWebhooks
 from support import live_server
 
 SW_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
-PROVIDERS = {"standardwebhooks": StandardWebhooks(SW_SECRET)}
+PROVIDERS = {
+    "standardwebhooks": StandardWebhooks(SW_SECRET),
+    "github": GitHub("gh-secret"),
+    "shopify": Shopify("shpss_secret"),
+}
 
 
 @pytest.fixture
@@ -61,3 +65,56 @@ async def test_svix_delivery_replayed_with_new_webhook_ids(server: str, database
     )
     assert genuine.headers["onceonly-duplicate"] == "false"
     assert sorted(e.event_id for e in await stored(database_url)) == ["msg_genuine", "msg_next"]
+
+
+async def test_github_delivery_replayed_with_new_guids_and_events(
+    server: str, database_url: str
+) -> None:
+    provider = PROVIDERS["github"]
+    body = b'{"action": "created", "comment": {"id": 1}}'
+    captured = {**provider.sign(body, delivery_id="guid-1"), "x-github-event": "issue_comment"}
+    assert (await post(server, "github", body, captured)).status_code == 200
+    redeliver = await post(server, "github", body, captured)  # GitHub's "Redeliver"
+    assert redeliver.headers["onceonly-duplicate"] == "true"
+    for n, event in enumerate(["issue_comment", "release", "push"]):
+        forged = {**captured, "x-github-delivery": f"guid-forged-{n}", "x-github-event": event}
+        replay = await post(server, "github", body, forged)
+        assert replay.headers["onceonly-duplicate"] == "true"
+    following = b'{"action": "created", "comment": {"id": 2}}'
+    next_headers = {**provider.sign(following, delivery_id="guid-2"), "x-github-event": "push"}
+    genuine = await post(server, "github", following, next_headers)
+    assert genuine.headers["onceonly-duplicate"] == "false"
+    events = await stored(database_url)
+    assert sorted((e.headers["x-github-delivery"], e.event_type) for e in events) == [
+        ("guid-1", "issue_comment"),
+        ("guid-2", "push"),
+    ]
+    assert all(e.headers["onceonly-type-signed"] == "false" for e in events)
+
+
+async def test_shopify_delivery_replayed_under_other_topics_and_ids(
+    server: str, database_url: str
+) -> None:
+    provider = PROVIDERS["shopify"]
+    body = b'{"id": 820982911946154508, "financial_status": "pending"}'
+    captured = {**provider.sign(body, delivery_id="w-1"), "x-shopify-topic": "orders/create"}
+    assert (await post(server, "shopify", body, captured)).status_code == 200
+    retry = await post(server, "shopify", body, captured)  # Shopify's retry: same id, same body
+    assert retry.headers["onceonly-duplicate"] == "true"
+    for n, topic in enumerate(["orders/paid", "orders/create", "refunds/create"]):
+        forged = {**captured, "x-shopify-webhook-id": f"w-forged-{n}", "x-shopify-topic": topic}
+        replay = await post(server, "shopify", body, forged)
+        assert replay.headers["onceonly-duplicate"] == "true"
+    paid = b'{"id": 820982911946154508, "financial_status": "paid"}'
+    genuine = await post(
+        server,
+        "shopify",
+        paid,
+        {**provider.sign(paid, delivery_id="w-2"), "x-shopify-topic": "orders/paid"},
+    )
+    assert genuine.headers["onceonly-duplicate"] == "false"
+    events = await stored(database_url)
+    assert sorted((e.headers["x-shopify-webhook-id"], e.event_type) for e in events) == [
+        ("w-1", "orders/create"),
+        ("w-2", "orders/paid"),
+    ]
