@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from onceonly import Event, Onceonly, create_store
-from onceonly.providers import GitHub, Shopify, StandardWebhooks
+from onceonly.providers import GitHub, MercadoPago, Shopify, StandardWebhooks
 from support import live_server
 
 SW_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -20,6 +20,7 @@ PROVIDERS = {
     "standardwebhooks": StandardWebhooks(SW_SECRET),
     "github": GitHub("gh-secret"),
     "shopify": Shopify("shpss_secret"),
+    "mercadopago": MercadoPago("mp-secret"),
 }
 
 
@@ -35,9 +36,13 @@ async def stored(database_url: str) -> list[Event]:
         return list(await store.list_events(limit=1000))
 
 
-async def post(url: str, route: str, body: bytes, headers: dict[str, str]) -> httpx.Response:
+async def post(
+    url: str, route: str, body: bytes, headers: dict[str, str], query: str = ""
+) -> httpx.Response:
     async with httpx.AsyncClient() as client:
-        return await client.post(f"{url}/webhooks/{route}", content=body, headers=headers)
+        return await client.post(
+            f"{url}/webhooks/{route}{'?' + query if query else ''}", content=body, headers=headers
+        )
 
 
 def as_svix(headers: dict[str, str]) -> dict[str, str]:
@@ -118,3 +123,39 @@ async def test_shopify_delivery_replayed_under_other_topics_and_ids(
         ("w-1", "orders/create"),
         ("w-2", "orders/paid"),
     ]
+
+
+def mp_notification(notification_id: int, payment: str, action: str = "payment.updated") -> bytes:
+    return json.dumps(
+        {"id": notification_id, "action": action, "type": "payment", "data": {"id": payment}}
+    ).encode()
+
+
+async def test_mercadopago_signature_replayed_with_bodies_of_the_attacker_s_choice(
+    server: str, database_url: str
+) -> None:
+    # Mercado Pago signs data.id, x-request-id and ts, not the body: the
+    # notification id in the body is the attacker's to choose.
+    provider = PROVIDERS["mercadopago"]
+    query = "data.id=123&type=payment"
+    body = mp_notification(1001, "123")
+    captured = provider.sign(body, delivery_id="req-1", query={"data.id": "123"})
+    assert (await post(server, "mercadopago", body, captured, query)).status_code == 200
+    retry = await post(server, "mercadopago", body, captured, query)
+    assert retry.headers["onceonly-duplicate"] == "true"
+    resigned = provider.sign(body, delivery_id="req-1", query={"data.id": "123"}, timestamp=1)
+    again_signed = await post(server, "mercadopago", body, resigned, query)
+    assert again_signed.headers["onceonly-duplicate"] == "true"  # same request id, new ts
+    # New events by new body ids, and the id of a future genuine notification.
+    for forged_id in (1002, 1003, 2002):
+        forged = mp_notification(forged_id, "123", "payment.created")
+        replay = await post(server, "mercadopago", forged, captured, query)
+        assert replay.headers["onceonly-duplicate"] == "true"
+    # The genuine next notification (id 2002, taken above) is still stored.
+    following = mp_notification(2002, "123")
+    next_headers = provider.sign(following, delivery_id="req-2", query={"data.id": "123"})
+    genuine = await post(server, "mercadopago", following, next_headers, query)
+    assert genuine.headers["onceonly-duplicate"] == "false"
+    events = await stored(database_url)
+    assert len(events) == 2
+    assert sorted(json.loads(e.body)["id"] for e in events) == [1001, 2002]
