@@ -283,7 +283,10 @@ def post(
 ) -> httpx.Response:
     raw = json.dumps(body).encode()
     query = {"data.id": payment_id, "type": "payment"}
-    headers = provider.sign(raw, query=query) if signed else {}
+    # The request id names the notification (it is what is signed, with
+    # data.id): the same notification sent again carries the same one.
+    request_id = f"req-{body.get('id')}"
+    headers = provider.sign(raw, query=query, delivery_id=request_id) if signed else {}
     return httpx.post(
         f"{server}/webhooks/mercadopago",
         params=query,
@@ -324,7 +327,7 @@ def test_the_handler_acts_on_the_api_answer_not_on_the_payload(
         # An unsigned trigger (kept only to fetch) that also claims approval.
         assert post(server, provider, "123", {**claim, "id": 6666}, signed=False).status_code == 200
         app.worker().run_until_idle()
-        assert statuses(app) == {"1001": "processed", "unverified:6666": "processed"}
+        assert statuses(app) == {"123:req-1001": "processed", "unverified:6666": "processed"}
         assert seen == ["pending", "pending"]
         assert released(app) == []
 
@@ -334,12 +337,12 @@ def test_the_handler_acts_on_the_api_answer_not_on_the_payload(
         resend = post(server, provider, "123", {**claim, "id": 1002})
         assert resend.headers["onceonly-duplicate"] == "true"
         app.worker().run_until_idle()
-        assert released(app) == [("123", "1002")]
+        assert released(app) == [("123", "123:req-1002")]
 
     # An operator replays everything: the handlers run again, nothing is released twice.
     assert len(replay(app.engine, app.engine_kind, status=EventStatus.PROCESSED)) == 3
     app.worker().run_until_idle()
-    assert released(app) == [("123", "1002")]
+    assert released(app) == [("123", "123:req-1002")]
     assert seen.count("approved") == 4
     assert fake.hits("mercadopago", "payment", "123") == 6
 

@@ -39,6 +39,7 @@ def event(
     body: Any,
     *,
     event_id: str = "evt_1",
+    event_type: str | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> Event:
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -46,7 +47,7 @@ def event(
         id=1,
         provider=provider,
         event_id=event_id,
-        event_type=None,
+        event_type=event_type,
         body=raw,
         headers=headers or {},
         received_at=datetime.now(UTC),
@@ -167,10 +168,39 @@ def test_pagbank_points_to_the_order_or_charge_it_carries() -> None:
 
 def test_a_legacy_pagseguro_form_points_to_its_notification_code() -> None:
     client = PagBankClient(legacy_email="seller@example.com", legacy_token=TOKEN)
-    form = event("pagbank", b"notificationCode=766B9C-AD4B04&notificationType=transaction")
+    form = event(
+        "pagbank",
+        b"notificationCode=766B9C-AD4B04&notificationType=transaction",
+        event_id="unverified:766B9C-AD4B04",
+        event_type="unverified:transaction",
+    )
     assert client.target(form) == Target("notification", "766B9C-AD4B04")
     with pytest.raises(NotFetchable):
         client.target(form, "order")
+
+
+def test_a_signed_order_quoting_a_notification_code_is_read_as_the_order() -> None:
+    # The body's text is the seller's customer's: a free-text field holding
+    # "&notificationCode=..." must not turn a signed order into a legacy
+    # lookup of a transaction the customer chose. Legacy or current is what
+    # the provider recorded when it verified the delivery.
+    provider = PagBank("token")
+    body = json.dumps(
+        {"id": "ORDE_1", "status": "PAID", "notes": "x&notificationCode=CHOSEN-BY-ME&y"}
+    ).encode()
+    headers = provider.sign(body)
+    signed = stored(provider, Delivery("pagbank", body, headers))
+    client = PagBankClient(TOKEN, legacy_email="s@example.com", legacy_token=TOKEN)
+    assert client.target(signed) == Target("order", "ORDE_1")
+    assert client.target(event("pagbank", body, event_type="order")) == Target("order", "ORDE_1")
+
+
+def test_a_body_without_its_legacy_verification_is_not_a_legacy_notification() -> None:
+    # A stored event whose type does not say "unverified" was verified as a
+    # current-API notification: its body is never parsed as a legacy form.
+    client = PagBankClient(TOKEN, legacy_email="s@example.com", legacy_token=TOKEN)
+    with pytest.raises(NotFetchable):
+        client.target(event("pagbank", b"notificationCode=766B9C&notificationType=transaction"))
 
 
 def test_the_legacy_transaction_xml_becomes_a_dict() -> None:
@@ -331,6 +361,7 @@ def stored(provider: Any, delivery: Delivery) -> Event:
         provider.name,
         delivery.body,
         event_id=info.event_id,
+        event_type=info.event_type,
         headers={**delivery.headers, **info.extra_headers},
     )
 
@@ -370,7 +401,11 @@ def test_the_fake_gateway_s_events_point_to_objects_its_api_serves(provider: str
     delivery = Delivery(provider, outgoing.body, dict(outgoing.headers), dict(outgoing.query))
     info = PROVIDER_CLASSES[provider]("secret").identify(delivery)
     stored_event = event(
-        provider, outgoing.body, event_id=info.event_id, headers=info.extra_headers
+        provider,
+        outgoing.body,
+        event_id=info.event_id,
+        event_type=info.event_type,
+        headers=info.extra_headers,
     )
     target = CLIENT_CLASSES[provider](TOKEN).target(stored_event)
     assert (target.kind, target.id) in served

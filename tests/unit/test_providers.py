@@ -525,6 +525,22 @@ def test_standardwebhooks_identify(prefix: str, body: bytes, expected_type: str 
 
 
 @pytest.mark.parametrize(
+    ("signed", "unsigned"), [("svix", "webhook"), ("webhook", "svix")], ids=["svix", "webhook"]
+)
+def test_standardwebhooks_id_comes_from_the_verified_family(signed: str, unsigned: str) -> None:
+    # A captured delivery replayed with another id in the other family's
+    # header must keep its signed id: else each replay is a new event.
+    provider = STANDARD.provider()
+    headers = {**sw_headers(BODY, prefix=signed), f"{unsigned}-id": "msg_forged"}
+    if unsigned == "svix":
+        headers["svix-timestamp"] = str(NOW)
+        headers["svix-signature"] = BAD_B64
+    checked = delivery(provider, BODY, headers)
+    provider.verify(checked)
+    assert provider.identify(checked).event_id == MSG_ID
+
+
+@pytest.mark.parametrize(
     ("body", "drop"),
     [
         pytest.param(b"not json", None, id="not json"),
@@ -588,25 +604,37 @@ def test_github_rejects(body: bytes, header: str | None) -> None:
     assert rejected(GitHub(GITHUB_SECRET), body, {"X-Hub-Signature-256": header}).status == 401
 
 
+UNSIGNED_TYPE = {"onceonly-type-signed": "false"}
+
+
 def test_github_identify() -> None:
     provider = GITHUB.provider()
-    info = provider.identify(delivery(provider, b"payload=not-json", sign_github(BODY, NOW)))
-    assert info == EventInfo(GITHUB_DELIVERY, "push")
+    body = b"payload=not-json"
+    info = provider.identify(delivery(provider, body, sign_github(body, NOW)))
+    # Only the body is signed: the id comes from it, the type is marked unsigned.
+    assert info == EventInfo("sha256:" + hashlib.sha256(body).hexdigest(), "push", UNSIGNED_TYPE)
 
 
 def test_github_identify_without_event_header_has_no_type() -> None:
     provider = GITHUB.provider()
     headers = {**sign_github(BODY, NOW), "x-github-event": None}
-    assert provider.identify(delivery(provider, BODY, headers)) == EventInfo(GITHUB_DELIVERY)
+    assert provider.identify(delivery(provider, BODY, headers)).event_type is None
 
 
-@pytest.mark.parametrize("value", [None, ""], ids=["missing", "empty"])
-def test_github_identify_without_delivery_header_is_a_payload_error(value: str | None) -> None:
+@pytest.mark.parametrize(
+    "changes",
+    [
+        pytest.param({"x-github-delivery": "00000000-0000-0000-0000-000000000000"}, id="guid"),
+        pytest.param({"x-github-event": "release"}, id="event"),
+        pytest.param({"x-github-delivery": None}, id="no guid"),
+    ],
+)
+def test_github_unsigned_headers_do_not_change_the_id(changes: dict[str, str | None]) -> None:
     provider = GITHUB.provider()
-    headers = {**sign_github(BODY, NOW), "x-github-delivery": value}
-    with pytest.raises(PayloadError) as caught:
-        provider.identify(delivery(provider, BODY, headers))
-    assert caught.value.status == 400
+    genuine = provider.identify(delivery(provider, BODY, sign_github(BODY, NOW)))
+    replayed = delivery(provider, BODY, {**sign_github(BODY, NOW), **changes})
+    provider.verify(replayed)
+    assert provider.identify(replayed).event_id == genuine.event_id
 
 
 # -- generic HMAC ------------------------------------------------------------------

@@ -98,7 +98,7 @@ def test_documented_signature_is_accepted_in_seconds_and_milliseconds(ts: int) -
     item = delivery(signed_headers(ts=ts))
     p.verify(item)
     info = p.identify(item)
-    assert (info.event_id, info.event_type) == ("12345678901", "payment.updated")
+    assert (info.event_id, info.event_type) == (f"{PAYMENT_ID}:{REQUEST_ID}", "payment.updated")
     assert info.extra_headers["onceonly-verified"] == "true"
     assert info.extra_headers["onceonly-query"] == "data.id=123456789&type=payment"
 
@@ -212,31 +212,41 @@ def test_no_tolerance_by_default_as_in_the_sdk() -> None:
 # -- event id and type ---------------------------------------------------------------
 
 
-def test_event_id_is_the_notifications_own_id_not_data_id() -> None:
+def test_event_id_is_what_is_signed_not_the_body_s_id() -> None:
+    """The body is unsigned: with one captured signature, new body ids must
+    not be new events, nor take the id of a later genuine notification."""
     p = provider()
-    created = json.loads(BODY) | {"id": 1, "action": "payment.created"}
-    updated = json.loads(BODY) | {"id": 2, "action": "payment.updated"}
     ids = {
         p.identify(delivery(signed_headers(), body=json.dumps(b).encode())).event_id
-        for b in (created, updated)
+        for b in (json.loads(BODY) | {"id": n} for n in (1, 2, 3))
     }
-    assert ids == {"1", "2"}  # same payment, two notifications, two events
+    assert ids == {f"{PAYMENT_ID}:{REQUEST_ID}"}
 
 
-def test_signed_body_without_id_is_identified_by_its_hash() -> None:
+def test_two_notifications_of_one_payment_are_two_events() -> None:
     p = provider()
-    body = b'{"type": "payment", "data": {"id": "123456789"}}'
-    first = p.identify(delivery(signed_headers(), body=body))
-    again = p.identify(delivery(signed_headers(), body=body))
-    other = p.identify(delivery(signed_headers(), body=body.replace(b"payment", b"plan", 1)))
-    assert first.event_id == again.event_id == "sha256:" + hashlib.sha256(body).hexdigest()
-    assert other.event_id != first.event_id
-    assert first.event_type == "payment"
+    created = p.identify(delivery(signed_headers(request_id="req-created")))
+    updated = p.identify(delivery(signed_headers(request_id="req-updated")))
+    assert created.event_id != updated.event_id
 
 
-def test_identify_rejects_an_unusable_body_id() -> None:
-    with pytest.raises(PayloadError):
-        provider().identify(delivery(signed_headers(), body=b'{"id": {"nested": 1}}'))
+def test_a_resend_signed_again_with_a_new_ts_dedupes() -> None:
+    p = provider()
+    first = p.identify(delivery(signed_headers(ts=NOW * 1000)))
+    again = p.identify(delivery(signed_headers(ts=(NOW + 900) * 1000)))
+    assert first.event_id == again.event_id
+
+
+def test_without_a_request_id_the_signed_ts_identifies() -> None:
+    p = provider()
+    item = delivery(signed_headers(request_id=None))
+    p.verify(item)
+    assert p.identify(item).event_id == f"{PAYMENT_ID}:ts:{NOW * 1000}"
+
+
+def test_a_body_that_is_not_json_is_kept() -> None:
+    info = provider().identify(delivery(signed_headers(), body=b'{"id": {"nested": 1}}'))
+    assert info.event_id == f"{PAYMENT_ID}:{REQUEST_ID}"
 
 
 # -- unsigned notifications (QR code, legacy IPN) ------------------------------------
@@ -308,7 +318,7 @@ def test_a_signed_event_is_not_marked_unverified() -> None:
     p = provider(unsigned="fetch")
     info = p.identify(delivery(signed_headers()))
     assert not is_unverified(info.event_type)
-    assert info.event_id == "12345678901"
+    assert info.event_id == f"{PAYMENT_ID}:{REQUEST_ID}"
 
 
 # -- configuration ---------------------------------------------------------------------

@@ -51,7 +51,9 @@ def test_documented_signature_is_accepted() -> None:
     item = delivery(headers())
     p.verify(item)
     info = p.identify(item)
-    assert (info.event_id, info.event_type) == (WEBHOOK_ID, "orders/create")
+    assert info.event_id == "sha256:" + hashlib.sha256(BODY).hexdigest()
+    assert info.event_type == "orders/create"
+    assert info.extra_headers == {"onceonly-type-signed": "false"}
 
 
 def test_signature_is_base64_not_hex() -> None:
@@ -94,14 +96,28 @@ def test_several_secrets_and_sign_uses_the_first() -> None:
     assert signed["x-shopify-triggered-at"] == "2023-11-14T22:13:20Z"
 
 
-def test_one_action_on_two_topics_is_two_events_by_default() -> None:
-    """Same X-Shopify-Event-Id, two webhook ids: deduping on the event id would
-    drop the second topic's delivery as a duplicate."""
+@pytest.mark.parametrize(
+    "changes",
+    [
+        pytest.param({"x-shopify-webhook-id": "w-forged"}, id="webhook id"),
+        pytest.param({"x-shopify-topic": "orders/paid"}, id="topic"),
+        pytest.param({"x-shopify-event-id": "e-forged"}, id="event id"),
+    ],
+)
+def test_unsigned_headers_do_not_make_a_new_event_by_default(changes: dict[str, str]) -> None:
+    """Only the body is signed: a captured orders/create replayed as orders/paid,
+    or with a new webhook id, is the same event."""
     p = Shopify(SECRET)
+    replayed = delivery(headers() | changes)
+    p.verify(replayed)
+    assert p.identify(replayed).event_id == p.identify(delivery(headers())).event_id
+
+
+def test_webhook_id_mode_takes_the_unsigned_delivery_id() -> None:
+    p = Shopify(SECRET, event_id="webhook-id")
     create = p.identify(delivery(headers(topic="orders/create")))
     paid = p.identify(delivery(headers(topic="orders/paid", webhook_id="w-2")))
-    assert create.event_id != paid.event_id
-    assert {create.event_type, paid.event_type} == {"orders/create", "orders/paid"}
+    assert (create.event_id, paid.event_id) == (WEBHOOK_ID, "w-2")
 
 
 def test_event_id_mode_collapses_deliveries_of_one_action() -> None:
@@ -120,7 +136,7 @@ def test_event_id_mode_falls_back_to_the_webhook_id() -> None:
 def test_missing_webhook_id_is_a_payload_error() -> None:
     h = {k: v for k, v in headers().items() if k != "x-shopify-webhook-id"}
     with pytest.raises(PayloadError):
-        Shopify(SECRET).identify(delivery(h))
+        Shopify(SECRET, event_id="webhook-id").identify(delivery(h))
 
 
 def test_from_environ() -> None:
@@ -129,6 +145,6 @@ def test_from_environ() -> None:
     assert isinstance(p, Shopify)
     assert p.event_id == "event-id"
     assert isinstance(d := cls.from_environ({}, [SECRET]), Shopify)
-    assert d.event_id == "webhook-id"
+    assert d.event_id == "body"
     with pytest.raises(ConfigurationError):
         cls.from_environ({"ONCEONLY_SHOPIFY_EVENT_ID": "topic"}, [SECRET])

@@ -7,7 +7,9 @@ from ``https://api.pagseguro.com`` (sandbox ``https://sandbox.api.pagseguro.com`
 ``fetch(event, "charge")`` on an order reads its first charge.
 
 The legacy form post (``notificationCode=...&notificationType=transaction``)
-carries nothing but a code: the transaction is read from
+carries nothing but a code. Whether an event is one is read from what the
+provider stored at receive time (its ``unverified:`` type), never from the
+body's text: the transaction is read from
 ``GET /v3/transactions/notifications/{code}?email=...&token=...`` at
 ``https://ws.pagseguro.uol.com.br``, which answers XML. The answer is parsed
 with :mod:`defusedxml` (no DTD, no entities: an XML bomb or an external entity
@@ -25,7 +27,7 @@ from urllib.parse import parse_qs
 
 from .._exceptions import ApiError, ConfigurationError, NotFetchable
 from ..events import Event
-from ..providers.base import env_name
+from ..providers.base import env_name, is_unverified
 from ..providers.pagbank import object_kind
 from .base import (
     EXCERPT_CHARS,
@@ -82,12 +84,20 @@ def parse_transaction_xml(content: bytes) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _form(event: Event) -> dict[str, list[str]]:
+def _is_legacy(event: Event) -> bool:
+    """What the provider recorded when it received the event: a legacy form post
+    is stored with an ``unverified:`` type, a signed current-API notification
+    never is. Never the body's text: a signed order's free-text field can hold
+    ``&notificationCode=...`` and must not pick the transaction to read."""
+    return is_unverified(event.event_type)
+
+
+def _legacy_code(event: Event) -> str:
     try:
         text = event.body.decode("utf-8")
     except UnicodeDecodeError:
         text = event.body.decode("latin-1")
-    return parse_qs(text) if "notificationCode=" in text else {}
+    return parse_qs(text).get("notificationCode", [""])[0]
 
 
 class PagBankClient(ApiClient):
@@ -146,14 +156,17 @@ class PagBankClient(ApiClient):
     def target(self, event: Event, kind: str | None = None) -> Target:
         if kind is not None:
             self.kind_or_default(kind)
-        form = _form(event)
-        if form:
+        if _is_legacy(event):
             if kind not in (None, "notification"):
                 raise NotFetchable(
                     f"a legacy PagSeguro notification points to a transaction, not a {kind}"
                 )
-            code = form.get("notificationCode", [""])[0]
-            return Target("notification", safe_id(code, "notificationCode"))
+            return Target("notification", safe_id(_legacy_code(event), "notificationCode"))
+        if kind == "notification":
+            raise NotFetchable(
+                f"PagBank event {event.event_id} is a current-API notification, "
+                "not a legacy PagSeguro one"
+            )
         body = body_json(event)
         object_id = body.get("id")
         own = object_kind(object_id, body)

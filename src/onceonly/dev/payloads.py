@@ -9,6 +9,7 @@ the same payment (see :mod:`onceonly.dev.api`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import time
@@ -201,10 +202,15 @@ def _pagbank(
 def _shopify(
     kind: str, event_id: str | None, f: PaymentFacts, token: str, r: random.Random
 ) -> Outgoing:
-    # The per-delivery id (X-Shopify-Webhook-Id, kept on retries) is the event id.
+    # The per-delivery id goes in X-Shopify-Webhook-Id (kept on retries); the
+    # receiver's event id is the hash of the signed body, so each event's body
+    # differs (its update time, here also the delivery's own id).
     eid = event_id or _hex_id(r)
     body = {
         "id": int(f.object_id) if f.object_id.isdigit() else f.object_id,
+        "admin_graphql_api_id": f"gid://shopify/Order/{f.object_id}",
+        "updated_at": _iso(),
+        "note": f"onceonly dev delivery {eid}",
         "email": f.email,
         "created_at": _iso(),
         "currency": f.currency.upper(),
@@ -225,7 +231,15 @@ def _github(
     kind: str, event_id: str | None, f: PaymentFacts, token: str, r: random.Random
 ) -> Outgoing:
     eid = event_id or _hex_id(r)
-    body = {"action": "created", "ref": "refs/heads/main", "repository": {"full_name": "x/y"}}
+    # The receiver's event id is the hash of the signed body: each push names
+    # its own head commit, as GitHub's do.
+    after = hashlib.sha1(eid.encode()).hexdigest()
+    body = {
+        "action": "created",
+        "ref": "refs/heads/main",
+        "after": after,
+        "repository": {"full_name": "x/y"},
+    }
     return Outgoing(eid, _encode(body), headers={"x-github-event": kind}, delivery_id=eid)
 
 

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from .asaas import Asaas
-from .base import UNVERIFIED, Provider, TimestampedProvider, UnsignedPolicy, is_unverified
+from .base import (
+    TYPE_SIGNED_HEADER,
+    UNVERIFIED,
+    Provider,
+    TimestampedProvider,
+    UnsignedPolicy,
+    is_unverified,
+)
 from .github import GitHub
 from .hmac import HMAC
 from .mercadopago import MercadoPago
@@ -15,6 +22,7 @@ from .stripe import Stripe
 __all__ = [
     "HMAC",
     "PROVIDER_CLASSES",
+    "TYPE_SIGNED_HEADER",
     "UNVERIFIED",
     "Asaas",
     "GitHub",

@@ -22,6 +22,7 @@ from .._exceptions import ConfigurationError, PayloadError, SignatureError
 from ..events import Delivery, EventInfo
 
 __all__ = [
+    "TYPE_SIGNED_HEADER",
     "UNVERIFIED",
     "Clock",
     "Provider",
@@ -45,6 +46,14 @@ UNSIGNED_POLICIES: tuple[UnsignedPolicy, ...] = ("reject", "fetch")
 #: the real one a "duplicate". The stored headers also say
 #: ``onceonly-verified: false``.
 UNVERIFIED = "unverified:"
+
+
+#: Stored header (``"false"``) on an event whose type comes from a header the
+#: sender does not sign (GitHub's ``X-GitHub-Event``, Shopify's
+#: ``X-Shopify-Topic``): anyone holding one signed body can send it under
+#: another type. Handlers must not let the type decide anything of value; they
+#: read the object's state from the body (signed) or from the API.
+TYPE_SIGNED_HEADER = "onceonly-type-signed"
 
 
 def is_unverified(event_type: str | None) -> bool:

@@ -1,10 +1,14 @@
 """GitHub: ``X-Hub-Signature-256: sha256=<hex>``, HMAC-SHA256 over the raw body.
 
-The event id is the ``X-GitHub-Delivery`` header (GitHub keeps it on a manual
-redelivery, so a redelivery is recognised as a duplicate); the type is the
-``X-GitHub-Event`` header. Nothing time-based is signed, so there is no
-timestamp tolerance. The body is not parsed: GitHub can also send form-encoded
-payloads, and the raw bytes are stored either way.
+Only the body is signed: not ``X-GitHub-Delivery``, not ``X-GitHub-Event``, and
+nothing time-based (so there is no timestamp tolerance). The event id is
+therefore ``sha256:<hex of the raw body>``: a captured delivery replayed with
+another delivery GUID or another event header is a duplicate, never a new
+event. A "Redeliver" from GitHub sends the same payload (and the same GUID), so
+it dedupes too. The GUID stays visible in the stored ``x-github-delivery``
+header. The type is the ``X-GitHub-Event`` header, unsigned: the stored header
+``onceonly-type-signed: false`` says so. The body is not parsed: GitHub can
+also send form-encoded payloads, and the raw bytes are stored either way.
 """
 
 from __future__ import annotations
@@ -12,7 +16,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..events import Delivery, EventInfo
-from .base import Provider, any_match, as_event_id, hmac_sha256, new_delivery_id
+from .base import (
+    TYPE_SIGNED_HEADER,
+    Provider,
+    any_match,
+    body_hash_id,
+    hmac_sha256,
+    new_delivery_id,
+)
 
 __all__ = ["GitHub"]
 
@@ -45,8 +56,8 @@ class GitHub(Provider):
         }
 
     def identify(self, delivery: Delivery) -> EventInfo:
-        delivery_id = delivery.headers.get("x-github-delivery")
         return EventInfo(
-            as_event_id(delivery_id, "X-GitHub-Delivery header"),
+            body_hash_id(delivery.body),
             delivery.headers.get("x-github-event") or None,
+            {TYPE_SIGNED_HEADER: "false"},
         )

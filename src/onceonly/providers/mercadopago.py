@@ -19,11 +19,17 @@ milliseconds. Mercado Pago documents no tolerance and does not say whether a
 retry (every 15 minutes) is signed again, so, like its SDK, onceonly checks no
 tolerance unless ``ONCEONLY_MERCADOPAGO_TOLERANCE`` sets one.
 
-Event id: the body's ``id``, the notification's own id. ``data.id`` is the
-payment and repeats across its notifications (created, then updated), so it
-would swallow every change after the first. A signed body without ``id`` gets
-``sha256:<hex of the raw body>``: a resend dedupes, a different body is a new
-event. Type: the body's ``action`` (``payment.updated``), else its ``type``.
+Event id: only what is signed, ``<data.id>:<x-request-id>`` (``data.id`` is
+the payment and repeats across its notifications, the request id names one
+notification). The body's ``id`` is not signed: taking the id from it let
+anyone holding one captured signature store new events under ids of their
+choosing, and take the id of a future genuine notification so that it was
+answered as a duplicate. The timestamp is left out so that a resend signed
+again with a new ``ts`` still dedupes; a notification signed without a request
+id is identified by ``<data.id>:ts:<ts>``. An id longer than 255 characters is
+replaced by ``sha256:<hex>`` of the same text. Type: the body's ``action``
+(``payment.updated``), else its ``type`` (unsigned, like the whole body: the
+handler fetches the payment by the signed ``data.id``).
 
 Unsigned notifications (QR code, legacy IPN ``?topic=payment&id=...``): policy
 ``unsigned="reject"`` (default) answers 401; ``unsigned="fetch"`` stores them as
@@ -48,13 +54,13 @@ from .base import (
     UnsignedPolicy,
     any_match,
     as_event_id,
-    body_hash_id,
     hmac_sha256,
     json_object,
     lookup,
     new_delivery_id,
     optional_text,
     parse_unsigned_policy,
+    sha256_hex,
 )
 
 __all__ = ["MercadoPago", "manifest"]
@@ -63,6 +69,8 @@ __all__ = ["MercadoPago", "manifest"]
 #: 12 digits in the year 5138).
 _MILLISECOND_DIGITS = 12
 _MAX_TS_DIGITS = 16
+#: Longest event id the inbox stores.
+_MAX_ID = 255
 
 
 def manifest(data_id: str | None, request_id: str | None, ts: str) -> str:
@@ -164,11 +172,23 @@ class MercadoPago(TimestampedProvider):
         # pass for the signed query string.
         extra = {"onceonly-verified": "true", "onceonly-query": urlencode(delivery.query)}
         if not self._is_unsigned(delivery):
-            raw_id = data.get("id")
-            if raw_id is None:
-                return EventInfo(body_hash_id(delivery.body), event_type, extra)
-            return EventInfo(as_event_id(raw_id, "body id"), event_type, extra)
+            return EventInfo(self._signed_identity(delivery), event_type, extra)
         return self._identify_unsigned(delivery, data, event_type, extra)
+
+    @staticmethod
+    def _signed_identity(delivery: Delivery) -> str:
+        """The event id from the signed manifest's parts alone (see the module
+        docstring); `verify` has already checked that they are signed."""
+        data_id = delivery.query.get("data.id", "").strip()
+        request_id = delivery.headers.get("x-request-id", "").strip()
+        if request_id:
+            identity = f"{data_id}:{request_id}"
+        else:
+            ts, _ = _signature_parts(delivery.headers["x-signature"])
+            identity = f"{data_id}:ts:{ts}"
+        if len(identity) > _MAX_ID:
+            return "sha256:" + sha256_hex(identity.encode())
+        return identity
 
     def _identify_unsigned(
         self,

@@ -4,20 +4,27 @@ The key is the app's client secret (API secret key), as UTF-8 bytes. Nothing
 time-based is signed (``X-Shopify-Triggered-At`` is not covered), so there is
 no tolerance; replays are stopped by the event id instead.
 
-Shopify sends two ids:
+Only the body is signed. Shopify also sends two ids and the topic, none of
+them signed:
 
 - ``X-Shopify-Webhook-Id``: one per delivery, kept on Shopify's retries of it.
 - ``X-Shopify-Event-Id``: one per merchant action, shared by the deliveries of
   every topic (and every subscription) that action triggers.
+- ``X-Shopify-Topic`` (``orders/create``): the type.
 
-The default event id is the **webhook id** (``event_id="webhook-id"``): retries
-of a delivery dedupe, and ``orders/create`` and ``orders/paid`` from one
-checkout are two events, each reaching its own handler. Deduping on the event
-id instead would store whichever topic arrived first and drop the others as
-duplicates. Choose ``event_id="event-id"`` only when one endpoint subscribes
-once per action and you want duplicate subscriptions collapsed; a delivery
-without that header then falls back to its webhook id. Type: the
-``X-Shopify-Topic`` header (``orders/create``).
+The default event id is ``sha256:<hex of the raw body>`` (``event_id="body"``):
+Shopify's retries of a delivery send the same body, so they dedupe, and a
+captured body replayed with another webhook id or another topic is a duplicate,
+never a new event. What that costs: deliveries of several topics whose bodies
+are byte for byte the same are one event, stored under the topic that arrived
+first. The type is unsigned and is stored with ``onceonly-type-signed: false``;
+handlers read the order's state from the (signed) body or the API, not from the
+topic.
+
+``event_id="webhook-id"`` or ``"event-id"`` take the id from those unsigned
+headers instead (the behaviour before issue 13): anyone holding one signed body
+can then store it again under any number of new ids and topics. With
+``"event-id"``, a delivery without that header falls back to its webhook id.
 """
 
 from __future__ import annotations
@@ -29,24 +36,34 @@ from typing import Literal
 
 from .._exceptions import ConfigurationError
 from ..events import Delivery, EventInfo
-from .base import Provider, any_match, as_event_id, hmac_sha256, new_delivery_id
+from .base import (
+    TYPE_SIGNED_HEADER,
+    Provider,
+    any_match,
+    as_event_id,
+    body_hash_id,
+    hmac_sha256,
+    new_delivery_id,
+)
 
 __all__ = ["Shopify"]
 
-EventIdHeader = Literal["webhook-id", "event-id"]
+EventIdHeader = Literal["body", "webhook-id", "event-id"]
 
 
 def _event_id_choice(raw: str, what: str) -> EventIdHeader:
     value = raw.strip().lower()
+    if value == "body":
+        return "body"
     if value == "webhook-id":
         return "webhook-id"
     if value == "event-id":
         return "event-id"
-    raise ConfigurationError(f"{what} must be 'webhook-id' or 'event-id', got {raw!r}")
+    raise ConfigurationError(f"{what} must be 'body', 'webhook-id' or 'event-id', got {raw!r}")
 
 
 class Shopify(Provider):
-    """Shopify's base64 ``X-Shopify-Hmac-Sha256``; event id per delivery by default."""
+    """Shopify's base64 ``X-Shopify-Hmac-Sha256``; event id from the signed body by default."""
 
     name = "shopify"
     environ_options = (("event_id", _event_id_choice),)
@@ -55,7 +72,7 @@ class Shopify(Provider):
         self,
         secrets: Sequence[str] | str,
         *,
-        event_id: EventIdHeader = "webhook-id",
+        event_id: EventIdHeader = "body",
         rejection_status: int = 401,
     ) -> None:
         super().__init__(secrets, rejection_status=rejection_status)
@@ -73,11 +90,15 @@ class Shopify(Provider):
 
     def identify(self, delivery: Delivery) -> EventInfo:
         headers = delivery.headers
-        if self.event_id == "event-id" and headers.get("x-shopify-event-id"):
+        if self.event_id == "body":
+            event_id = body_hash_id(delivery.body)
+        elif self.event_id == "event-id" and headers.get("x-shopify-event-id"):
             event_id = as_event_id(headers["x-shopify-event-id"], "X-Shopify-Event-Id header")
         else:
             event_id = as_event_id(headers.get("x-shopify-webhook-id"), "X-Shopify-Webhook-Id")
-        return EventInfo(event_id, headers.get("x-shopify-topic") or None)
+        return EventInfo(
+            event_id, headers.get("x-shopify-topic") or None, {TYPE_SIGNED_HEADER: "false"}
+        )
 
     def sign(
         self,

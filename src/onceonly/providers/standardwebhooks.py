@@ -5,8 +5,11 @@ Headers ``webhook-id``, ``webhook-timestamp``, ``webhook-signature`` (or
 space-separated ``v1,<base64>`` entries; each is HMAC-SHA256 over
 ``"{id}.{timestamp}." + raw body`` keyed with the base64-decoded secret (the
 part after ``whsec_``). Timestamp tolerance: 5 minutes in both directions.
-``v1a`` (ed25519) entries are ignored. The event id is the ``webhook-id``
-header; the type is the body's ``type`` when present.
+``v1a`` (ed25519) entries are ignored. The event id is the id header of the
+family that was verified (``webhook-id`` when ``webhook-signature`` is
+present, else ``svix-id``): the id is signed, so a captured delivery replayed
+with another id in the other family's header is a duplicate, not a new event.
+The type is the body's ``type`` when present (the body is signed).
 """
 
 from __future__ import annotations
@@ -66,8 +69,13 @@ class StandardWebhooks(TimestampedProvider):
         )
         self._keys = tuple(_decode_secret(s) for s in self.secrets)
 
+    @staticmethod
+    def _prefix(delivery: Delivery) -> str:
+        """The header family verified, and so the one every signed value comes from."""
+        return "webhook" if "webhook-signature" in delivery.headers else "svix"
+
     def _headers(self, delivery: Delivery) -> tuple[str, str, str]:
-        prefix = "webhook" if "webhook-signature" in delivery.headers else "svix"
+        prefix = self._prefix(delivery)
         return (
             self.require_header(delivery, f"{prefix}-id"),
             self.require_header(delivery, f"{prefix}-timestamp"),
@@ -108,6 +116,7 @@ class StandardWebhooks(TimestampedProvider):
         }
 
     def identify(self, delivery: Delivery) -> EventInfo:
-        msg_id = delivery.headers.get("webhook-id") or delivery.headers.get("svix-id")
+        header = f"{self._prefix(delivery)}-id"
+        msg_id = delivery.headers.get(header)
         data = json_object(delivery)
-        return EventInfo(as_event_id(msg_id, "webhook-id header"), optional_text(data.get("type")))
+        return EventInfo(as_event_id(msg_id, f"{header} header"), optional_text(data.get("type")))
