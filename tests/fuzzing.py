@@ -19,6 +19,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from onceonly.events import Delivery
 from onceonly.providers import GitHub, Provider, Shopify, StandardWebhooks, Stripe
 
 STRIPE_SECRET = "whsec_fuzz_stripe_0123456789abcdef"
@@ -35,7 +36,7 @@ PROVIDERS: dict[str, Provider] = {
 }
 #: Routes whose dedup identity comes from signed material only: a captured
 #: delivery replayed with any unsigned header changed must create nothing.
-IDENTITY_FROM_SIGNED = frozenset({"stripe"})
+IDENTITY_FROM_SIGNED = frozenset({"stripe", "github", "shopify", "standardwebhooks"})
 MAX_BODY_BYTES = 16 * 1024
 MAX_HEADER_BYTES = 8 * 1024
 
@@ -63,30 +64,29 @@ def _json(data: object) -> bytes:
 
 
 def genuine(route: str, event_id: str) -> Shot:
-    """A delivery its provider would send, for a new event `event_id`."""
+    """A delivery its provider would send, for a new event `event_id` (its
+    body differs from every other event's, as real ones do)."""
     provider = PROVIDERS[route]
     if route == "stripe":
         body = _json({"id": event_id, "type": "payment_intent.succeeded", "data": {}})
         headers = provider.sign(body)
     elif route == "github":
-        body = _json({"action": "completed"})
+        body = _json({"action": "completed", "check_run": {"node_id": event_id}})
         headers = {**provider.sign(body, delivery_id=event_id), "x-github-event": "check_run"}
     elif route == "shopify":
-        body = _json({"id": 1, "total_price": "10.00"})
+        body = _json({"id": event_id, "total_price": "10.00"})
         headers = {
             **provider.sign(body, delivery_id=event_id),
             "x-shopify-topic": "orders/paid",
         }
     else:
-        body = _json({"type": "invoice.paid", "data": {}})
+        body = _json({"type": "invoice.paid", "data": {"id": event_id}})
         headers = provider.sign(body, delivery_id=event_id)
+    headers = {**headers, "content-type": "application/json"}
+    # The id the provider derives from it (for some, a hash of the signed body).
+    stored_id = provider.identify(Delivery(route, body, headers)).event_id
     return Shot(
-        "POST",
-        f"/webhooks/{route}",
-        body,
-        {**headers, "content-type": "application/json"},
-        f"genuine {route}",
-        genuine=(route, event_id),
+        "POST", f"/webhooks/{route}", body, headers, f"genuine {route}", genuine=(route, stored_id)
     )
 
 

@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from ._exceptions import ConfigurationError
+from .store.sqlite import wal_mode
 
 __all__ = ["create_engine", "engine_kind"]
 
@@ -64,13 +65,10 @@ def create_engine(url: str, *, pool_size: int = 10) -> sa.Engine:
         # Take transaction control away from pysqlite: SQLAlchemy's "begin"
         # event below issues BEGIN IMMEDIATE instead.
         dbapi_connection.isolation_level = None
-        for pragma in (
-            f"busy_timeout = {busy_ms}",
-            "journal_mode = WAL",
-            "synchronous = FULL",
-            "foreign_keys = ON",
-        ):
-            dbapi_connection.execute(f"PRAGMA {pragma}")
+        dbapi_connection.execute(f"PRAGMA busy_timeout = {busy_ms}")
+        wal_mode(dbapi_connection, busy_ms)
+        dbapi_connection.execute("PRAGMA synchronous = FULL")
+        dbapi_connection.execute("PRAGMA foreign_keys = ON")
 
     @event.listens_for(engine, "begin")
     def _begin(connection: sa.Connection) -> None:

@@ -33,6 +33,16 @@ DEBUG_HEADERS = frozenset(
         "x-forwarded-for",
         "forwarded",
         "traceparent",
+        # Senders' delivery ids and topics: unsigned, so never an identity,
+        # but what their support and logs name a delivery by.
+        "x-github-delivery",
+        "x-github-event",
+        "x-github-hook-id",
+        "x-shopify-webhook-id",
+        "x-shopify-event-id",
+        "x-shopify-topic",
+        "x-shopify-shop-domain",
+        "x-shopify-triggered-at",
     }
 )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -71,6 +72,25 @@ def _translate(exc: sqlite3.Error) -> StoreError:
     if isinstance(exc, sqlite3.DataError):  # "string or blob too big" and the like
         return StoreRejected(f"SQLite: {message}")
     return StoreError(f"SQLite: {message}")
+
+
+def wal_mode(conn: sqlite3.Connection, busy_timeout_ms: int) -> None:
+    """``PRAGMA journal_mode = WAL``, waiting as ``busy_timeout`` would.
+
+    Switching a new file to WAL takes an exclusive lock, and SQLite answers
+    "database is locked" at once, without its busy handler, to a connection
+    that asks while another one holds a lock (five processes starting on a
+    new file at the same moment). The file is WAL once any of them succeeds.
+    """
+    deadline = time.monotonic() + busy_timeout_ms / 1000
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _moment(text: str | None) -> datetime | None:
@@ -148,7 +168,7 @@ class SQLiteStore(Store):
         # exactly one transaction and one fsync.
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
-        conn.execute("PRAGMA journal_mode = WAL")
+        wal_mode(conn, self.busy_timeout_ms)
         conn.execute("PRAGMA synchronous = FULL")
         return conn
 
