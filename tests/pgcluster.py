@@ -23,6 +23,7 @@ import hashlib
 import importlib.util
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -60,11 +61,13 @@ def bin_dir() -> Path | None:
 
 
 def server_version(binaries: Path) -> str:
-    """``postgres (PostgreSQL) 18.6`` -> ``18.6``."""
+    """``postgres (PostgreSQL) 18.6`` -> ``18.6`` (and Debian's
+    ``postgres (PostgreSQL) 15.20 (Debian 15.20-0+deb12u1)`` -> ``15.20``)."""
     out = subprocess.run(
         [str(binaries / "postgres"), "--version"], capture_output=True, text=True, check=True
     ).stdout
-    return out.strip().rsplit(" ", 1)[-1]
+    found = re.search(r"\d+(?:\.\d+)+", out)
+    return found[0] if found else out.strip()
 
 
 def _free_port() -> int:
