@@ -132,6 +132,7 @@ class Onceonly:
         max_attempts: int | None = None,
         lease_seconds: float | None = None,
         outbox_lease_seconds: float | None = None,
+        transaction_budget: float | None = None,
         retry_base: float | None = None,
         retry_cap: float | None = None,
         metrics: bool | None = None,
@@ -206,6 +207,8 @@ class Onceonly:
         )
         if self.outbox_lease_seconds <= 0:
             raise ConfigurationError("outbox_lease_seconds must be positive")
+        # None: the engine's default, chosen by the worker (see Worker).
+        self.transaction_budget = _transaction_budget(env, transaction_budget)
         self.handlers = HandlerRegistry()
         self._engine: sa.Engine | None = None
         self._effect_ledger: EffectLedger | None = None
@@ -343,6 +346,7 @@ class Onceonly:
         batch_size: int | None = None,
         poll_interval: float | None = None,
         name: str | None = None,
+        transaction_budget: float | None = None,
     ) -> Worker:
         """A :class:`~onceonly.worker.Worker` for this deployment's handlers."""
         from .worker import Worker
@@ -353,6 +357,7 @@ class Onceonly:
             batch_size=batch_size,
             poll_interval=poll_interval,
             name=name,
+            transaction_budget=transaction_budget,
         )
 
     def guard(
@@ -401,6 +406,16 @@ def _dashboard_path(raw: str) -> str | None:
             f"dashboard path {raw!r} must be a path of its own, such as /dashboard"
         )
     return path
+
+
+def _transaction_budget(env: Mapping[str, str], given: float | None) -> float | None:
+    """Seconds a worker's processing transaction may run before it commits
+    and goes on in a new one; None when neither code nor environment says."""
+    if given is None and env.get("ONCEONLY_TRANSACTION_BUDGET"):
+        given = _float(env, "ONCEONLY_TRANSACTION_BUDGET", 0.0)
+    if given is not None and given < 0:
+        raise ConfigurationError("transaction_budget must be >= 0 (0: no bound)")
+    return given
 
 
 def _float(env: Mapping[str, str], name: str, default: float) -> float:

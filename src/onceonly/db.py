@@ -23,6 +23,7 @@ from sqlalchemy import event
 
 from ._exceptions import ConfigurationError
 from .store.sqlite import wal_mode
+from .store.write_lock import WriteLock
 
 __all__ = ["create_engine", "engine_kind"]
 
@@ -70,9 +71,12 @@ def create_engine(url: str, *, pool_size: int = 10) -> sa.Engine:
         dbapi_connection.execute("PRAGMA synchronous = FULL")
         dbapi_connection.execute("PRAGMA foreign_keys = ON")
 
+    write_lock = WriteLock.of(path)
+
     @event.listens_for(engine, "begin")
     def _begin(connection: sa.Connection) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        # In turns, a waiting receiver first (store.write_lock).
+        write_lock.begin(connection.exec_driver_sql, timeout=busy_ms / 1000, receiver=False)
 
     return engine
 

@@ -84,6 +84,8 @@ QUEUE_STATUSES = ("pending", "processing", "failed", "dead")
 
 # From 1 ms to 1 min: handlers range from one INSERT to a slow provider API.
 _HANDLER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# Processing transactions: on SQLite, how long the write lock is held.
+_TRANSACTION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +263,13 @@ class Metrics:
             buckets=_HANDLER_BUCKETS,
             registry=r,
         )
+        self._transaction = Histogram(
+            "onceonly_worker_transaction_seconds",
+            "How long each processing transaction stayed open (on SQLite: held "
+            "the database's write lock, which the receiver waits for)",
+            buckets=_TRANSACTION_BUCKETS,
+            registry=r,
+        )
         r.register(_QueueCollector(self, queue_ttl))
         self._deliveries: dict[str, _Delivery] = {}
         self._work: dict[str, _Work] = {}
@@ -331,6 +340,10 @@ class Metrics:
             self._worker(provider).failed.inc()
         for provider in dead:
             self._worker(provider).dead.inc()
+
+    def transaction_ended(self, seconds: float) -> None:
+        """A processing transaction committed or rolled back after `seconds`."""
+        self._transaction.observe(seconds)
 
     def worker_database_error(self, operation: str) -> None:
         """A worker database call failed; the worker backs off and retries it."""

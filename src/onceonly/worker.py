@@ -110,6 +110,7 @@ class Worker:
         batch_size: int | None = None,
         poll_interval: float | None = None,
         name: str | None = None,
+        transaction_budget: float | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -126,6 +127,19 @@ class Worker:
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:x}"
         self.engine = app.engine
         self.kind = app.engine_kind
+        # On SQLite a processing transaction holds the database's only write
+        # lock from BEGIN IMMEDIATE to COMMIT: the receiver's inserts, the
+        # other workers' claims and outbox marks all wait for it. Past this
+        # many seconds a batch commits what it has done and goes on in a new
+        # transaction, so the others get the lock at least every 10 ms plus
+        # one handler's time. 0: the whole batch in one transaction, the
+        # default on PostgreSQL, where a batch locks only its own rows.
+        budget = transaction_budget if transaction_budget is not None else app.transaction_budget
+        self.transaction_budget = (
+            budget if budget is not None else (0.01 if self.kind == "sqlite" else 0.0)
+        )
+        if self.transaction_budget < 0:
+            raise ValueError("transaction_budget must be >= 0")
         self.q = QUERIES[self.kind]
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -308,18 +322,37 @@ class Worker:
         self._process_batch([item])
 
     def _process_batch(self, batch: list[Claimed]) -> None:
-        """Run a batch of claimed events in one transaction, one savepoint each.
+        """Run a batch of claimed events, one savepoint each, in as few
+        transactions as the lock budget allows.
 
         Each handler's writes and its event's mark commit together (the same
         commit); a handler that raises rolls back to its savepoint, so its writes
-        vanish and the others' stay. One commit serves the whole batch.
+        vanish and the others' stay. One commit serves the whole batch, unless
+        the batch has held SQLite's write lock past ``transaction_budget``: then
+        what is done commits and the rest goes on in a new transaction, so the
+        receiver and the other workers get the lock between the two.
         """
+        prefetched = prefetch(self.app, [c.event for c in batch], self._loop)
+        remaining = batch
+        while remaining:
+            remaining = self._process_slice(remaining, prefetched)
+
+    def _process_slice(
+        self,
+        batch: list[Claimed],
+        prefetched: dict[int, dict[Target, Any]],
+    ) -> list[Claimed]:
+        """Process the head of `batch` in one transaction; the events left over
+        when the budget ran out."""
         contexts: list[Context] = []
         processed: list[tuple[Claimed, str]] = []
         failures: list[tuple[Claimed, Exception, str | None]] = []
-        prefetched = prefetch(self.app, [c.event for c in batch], self._loop)
+        left: list[Claimed] = []
+        budget = self.transaction_budget
+        started: float | None = None
         try:
             with self.engine.begin() as conn:
+                started = time.monotonic()  # the lock is held from here on
                 current = {
                     row.id: row
                     for row in conn.execute(
@@ -331,7 +364,10 @@ class Worker:
                     )
                 }
                 savepoints = HandlerSavepoints(conn)
-                for item in batch:
+                for n, item in enumerate(batch):
+                    if budget and n and time.monotonic() - started > budget:
+                        left = batch[n:]
+                        break
                     row = current.get(item.event.id)
                     if row is None or row.fence != item.fence or row.status != "processing":
                         log.warning(
@@ -359,6 +395,8 @@ class Worker:
         finally:
             for ctx in contexts:
                 ctx._close()
+            if started is not None:
+                self.metrics.transaction_ended(time.monotonic() - started)
         self.processed += len(processed)
         self.failed += len(failures)
         # Counted once the transaction committed, so they match the table.
@@ -371,6 +409,7 @@ class Worker:
         staged = [c.event.id for c in contexts if c._staged]
         if staged:
             self.outbox.run_for(staged)
+        return left
 
     def _handle(
         self,

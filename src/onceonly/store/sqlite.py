@@ -23,6 +23,7 @@ from .._exceptions import StoreError, StoreRejected, StoreUnavailable
 from ..events import Event, EventStatus, NewEvent, Receipt
 from . import migrations
 from .base import Store, collapse, receipts
+from .write_lock import WriteLock
 
 __all__ = ["SQLiteStore"]
 
@@ -133,6 +134,7 @@ class SQLiteStore(Store):
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
         self._ready = False
+        self._write_lock = WriteLock.of(self.path)
 
     # The dedicated thread.
 
@@ -171,6 +173,10 @@ class SQLiteStore(Store):
         wal_mode(conn, self.busy_timeout_ms)
         conn.execute("PRAGMA synchronous = FULL")
         return conn
+
+    def _begin(self, conn: sqlite3.Connection) -> None:
+        """``BEGIN IMMEDIATE`` ahead of the workers (see write_lock)."""
+        self._write_lock.begin(conn.execute, timeout=self.busy_timeout_ms / 1000, receiver=True)
 
     # Store.
 
@@ -244,7 +250,7 @@ class SQLiteStore(Store):
             # (headers to JSON) off the event loop that answers requests.
             unique, extra = collapse(events)
             returned: dict[tuple[str, str], tuple[int, int]] = {}
-            conn.execute("BEGIN IMMEDIATE")
+            self._begin(conn)
             for start in range(0, len(unique), _ROWS_PER_STATEMENT):
                 chunk = unique[start : start + _ROWS_PER_STATEMENT]
                 params: list[object] = []

@@ -1,0 +1,163 @@
+"""SQLite's write lock, taken in turns: the receiver first, and never left idle.
+
+SQLite has one write lock per database file, and ``BEGIN IMMEDIATE`` takes
+it. A writer that finds it taken waits in SQLite's busy handler, which
+sleeps and tries again: 1, 2, 5, 10 ms and so on, up to 100 ms between tries.
+Two things go wrong under load. Workers end one transaction and begin the
+next within microseconds, so a receiver can sleep through every gap and
+answer 503 after ``busy_timeout``, while the gateway is the party that cannot
+wait. And when the holder commits, the lock stays idle until some waiter
+wakes, up to 100 ms: with a few workers, most of the time.
+
+So onceonly takes the lock itself (:meth:`WriteLock.begin`): it tries
+``BEGIN IMMEDIATE`` without SQLite's wait and, while the lock is taken,
+tries again after at most 2 ms, up to ``busy_timeout`` in all. And a
+receiver says it is waiting: it holds a shared ``flock`` on a file beside the
+database (``<db>-priority``, created by the receiver) until its ``BEGIN``
+returns. Before each of their transactions, workers check for that lock (one
+non-blocking exclusive ``flock``) and, while a receiver waits, hold back for
+up to a second. The receiver then gets the lock as soon as the transaction in
+progress ends.
+
+``flock`` locks belong to an open file, so each thread uses its own
+descriptor, and the kernel drops them when a process dies: a receiver killed
+while waiting leaves nothing behind. When the file cannot be opened (a
+read-only directory, say), the priority is off and the retries alone decide.
+Writers outside onceonly (the ``sqlite3`` shell, the user's scripts) still
+meet onceonly's transactions through their own busy handler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+__all__ = ["WriteLock"]
+
+log = logging.getLogger("onceonly.store")
+
+# The longest a worker-side transaction holds back for waiting receivers: they
+# get the lock when the transaction in progress ends, so a longer wait means a
+# writer outside onceonly holds it, and then nobody should wait on us.
+GIVE_WAY_SECONDS = 1.0
+# Between two tries of BEGIN IMMEDIATE: from 0.25 ms, doubling, at most 2 ms.
+_FIRST_PAUSE = 0.00025
+_LONGEST_PAUSE = 0.002
+
+_instances: dict[str, WriteLock] = {}
+_instances_lock = threading.Lock()
+
+
+def _is_busy(exc: BaseException) -> bool:
+    """Whether `exc` (sqlite3's, or SQLAlchemy's wrapping it) says the lock is taken."""
+    original = getattr(exc, "orig", exc)
+    if not isinstance(original, sqlite3.OperationalError):
+        return False
+    code = getattr(original, "sqlite_errorcode", None)
+    if code is not None:
+        return bool(code & 0xFF == sqlite3.SQLITE_BUSY)
+    return "locked" in str(original)
+
+
+class WriteLock:
+    """The write lock of one SQLite file, as onceonly's writers take it."""
+
+    def __init__(self, priority_path: str | None) -> None:
+        self.priority_path = priority_path
+        self._local = threading.local()
+        self._disabled = priority_path is None
+
+    @classmethod
+    def of(cls, database_path: str) -> WriteLock:
+        """The write lock of the file at `database_path`, one per process and file."""
+        in_memory = database_path in ("", ":memory:") or database_path.startswith("file::memory:")
+        key = ":memory:" if in_memory else os.path.abspath(database_path)
+        with _instances_lock:
+            found = _instances.get(key)
+            if found is None:
+                found = _instances[key] = cls(None if in_memory else key + "-priority")
+            return found
+
+    def begin(
+        self,
+        execute: Callable[[str], object],
+        *,
+        timeout: float,
+        receiver: bool,
+    ) -> None:
+        """``BEGIN IMMEDIATE`` through `execute` (a connection's execute), with
+        SQLite's own wait (``busy_timeout``, restored afterwards) turned off.
+
+        `receiver`: announce the wait, so that workers give way; otherwise
+        give way to receivers that wait. Raises the last "database is locked"
+        once `timeout` seconds have passed."""
+        with self._waiting() if receiver else contextlib.nullcontext():
+            if not receiver:
+                self.give_way(GIVE_WAY_SECONDS)
+            deadline = time.monotonic() + timeout
+            execute("PRAGMA busy_timeout = 0")
+            try:
+                pause = _FIRST_PAUSE
+                while True:
+                    try:
+                        execute("BEGIN IMMEDIATE")
+                        return
+                    except Exception as exc:
+                        if not _is_busy(exc) or time.monotonic() >= deadline:
+                            raise
+                    time.sleep(pause)
+                    pause = min(pause * 2, _LONGEST_PAUSE)
+            finally:
+                execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+
+    def _fd(self, *, create: bool) -> int | None:
+        fd: int | None = getattr(self._local, "fd", None)
+        if fd is None and not self._disabled and self.priority_path is not None:
+            flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+            try:
+                fd = os.open(self.priority_path, flags, 0o666)
+            except FileNotFoundError:
+                return None  # no receiver has waited on this file yet
+            except OSError as exc:
+                log.warning("SQLite write priority off (%s: %s)", self.priority_path, exc)
+                self._disabled = True
+                return None
+            self._local.fd = fd
+        return fd
+
+    @contextlib.contextmanager
+    def _waiting(self) -> Iterator[None]:
+        fd = self._fd(create=True)
+        if fd is None:
+            yield
+            return
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def give_way(self, limit: float) -> float:
+        """Wait, up to `limit` seconds, while a receiver waits for the lock.
+        Returns the seconds waited."""
+        fd = self._fd(create=False)
+        if fd is None:
+            return 0.0
+        started = time.monotonic()
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                waited = time.monotonic() - started
+                if waited >= limit:
+                    return waited
+                time.sleep(0.0005)
+                continue
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return time.monotonic() - started
