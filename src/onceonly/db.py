@@ -15,6 +15,7 @@ is locked", whatever the timeout).
 from __future__ import annotations
 
 import sqlite3
+import weakref
 from typing import Any
 from urllib.parse import parse_qs, quote
 
@@ -25,7 +26,15 @@ from ._exceptions import ConfigurationError
 from .store.sqlite import wal_mode
 from .store.write_lock import WriteLock
 
-__all__ = ["create_engine", "engine_kind"]
+__all__ = ["create_engine", "engine_kind", "write_lock_of"]
+
+_write_locks: weakref.WeakKeyDictionary[sa.Engine, WriteLock] = weakref.WeakKeyDictionary()
+
+
+def write_lock_of(engine: sa.Engine) -> WriteLock | None:
+    """The SQLite write lock an engine from :func:`create_engine` takes; None
+    for PostgreSQL (and engines made elsewhere)."""
+    return _write_locks.get(engine)
 
 
 def engine_kind(url: str) -> str:
@@ -72,6 +81,7 @@ def create_engine(url: str, *, pool_size: int = 10) -> sa.Engine:
         dbapi_connection.execute("PRAGMA foreign_keys = ON")
 
     write_lock = WriteLock.of(path)
+    _write_locks[engine] = write_lock
 
     @event.listens_for(engine, "begin")
     def _begin(connection: sa.Connection) -> None:

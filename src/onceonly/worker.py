@@ -48,6 +48,7 @@ import sqlalchemy as sa
 from ._exceptions import OnceonlyError, StoreUnavailable
 from .clients import Target
 from .context import Context, HandlerSavepoints
+from .db import write_lock_of
 from .events import Event, EventStatus
 from .outbox import DatabaseError, OutboxRunner
 from .prefetch import prefetch
@@ -60,6 +61,11 @@ if TYPE_CHECKING:
 __all__ = ["Claimed", "Worker", "backoff"]
 
 log = logging.getLogger("onceonly.worker")
+
+# On SQLite, past this a batch commits and goes on in a new transaction even
+# with no receiver waiting: other workers, purges and imports wait in SQLite's
+# busy handler, and not for seconds.
+_LONGEST_TRANSACTION = 0.25
 
 
 class LeaseLost(OnceonlyError):
@@ -130,16 +136,19 @@ class Worker:
         # On SQLite a processing transaction holds the database's only write
         # lock from BEGIN IMMEDIATE to COMMIT: the receiver's inserts, the
         # other workers' claims and outbox marks all wait for it. Past this
-        # many seconds a batch commits what it has done and goes on in a new
-        # transaction, so the others get the lock at least every 10 ms plus
-        # one handler's time. 0: the whole batch in one transaction, the
-        # default on PostgreSQL, where a batch locks only its own rows.
+        # many seconds, if a receiver waits (or past _LONGEST_TRANSACTION in
+        # any case), a batch commits what it has done and goes on in a new
+        # transaction. Without a waiting receiver a batch keeps its one
+        # commit: the other workers would only take turns on the same lock.
+        # 0: the whole batch in one transaction, the default on PostgreSQL,
+        # where a batch locks only its own rows.
         budget = transaction_budget if transaction_budget is not None else app.transaction_budget
         self.transaction_budget = (
             budget if budget is not None else (0.01 if self.kind == "sqlite" else 0.0)
         )
         if self.transaction_budget < 0:
             raise ValueError("transaction_budget must be >= 0")
+        self._write_lock = write_lock_of(self.engine)
         self.q = QUERIES[self.kind]
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -365,7 +374,7 @@ class Worker:
                 }
                 savepoints = HandlerSavepoints(conn)
                 for n, item in enumerate(batch):
-                    if budget and n and time.monotonic() - started > budget:
+                    if n and budget and self._over_budget(time.monotonic() - started):
                         left = batch[n:]
                         break
                     row = current.get(item.event.id)
@@ -410,6 +419,14 @@ class Worker:
         if staged:
             self.outbox.run_for(staged)
         return left
+
+    def _over_budget(self, held: float) -> bool:
+        """Whether a transaction open for `held` seconds should commit now."""
+        if held <= self.transaction_budget:
+            return False
+        if self._write_lock is None or held > _LONGEST_TRANSACTION:
+            return True
+        return self._write_lock.receiver_waiting()
 
     def _handle(
         self,

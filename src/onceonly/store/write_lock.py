@@ -14,10 +14,11 @@ So onceonly takes the lock itself (:meth:`WriteLock.begin`): it tries
 tries again after at most 2 ms, up to ``busy_timeout`` in all. And a
 receiver says it is waiting: it holds a shared ``flock`` on a file beside the
 database (``<db>-priority``, created by the receiver) until its ``BEGIN``
-returns. Before each of their transactions, workers check for that lock (one
-non-blocking exclusive ``flock``) and, while a receiver waits, hold back for
-up to a second. The receiver then gets the lock as soon as the transaction in
-progress ends.
+returns. Before each try at the lock, workers check for that ``flock`` (one
+non-blocking exclusive ``flock``) and, while a receiver waits, hold back, for
+up to a second in all. The receiver then gets the lock as soon as the
+transaction in progress ends, and a worker in the middle of a batch commits
+at its next handler to let it in (the worker's transaction budget).
 
 ``flock`` locks belong to an open file, so each thread uses its own
 descriptor, and the kernel drops them when a process dies: a receiver killed
@@ -95,22 +96,24 @@ class WriteLock:
         SQLite's own wait (``busy_timeout``, restored afterwards) turned off.
 
         `receiver`: announce the wait, so that workers give way; otherwise
-        give way to receivers that wait. Raises the last "database is locked"
-        once `timeout` seconds have passed."""
+        give way, before every try, to receivers that wait (for up to
+        GIVE_WAY_SECONDS in all). Raises the last "database is locked" once
+        `timeout` seconds have passed."""
         with self._waiting() if receiver else contextlib.nullcontext():
-            if not receiver:
-                self.give_way(GIVE_WAY_SECONDS)
-            deadline = time.monotonic() + timeout
+            now = time.monotonic()
+            deadline = now + timeout
+            polite_until = now + GIVE_WAY_SECONDS
             execute("PRAGMA busy_timeout = 0")
             try:
                 pause = _FIRST_PAUSE
                 while True:
-                    try:
-                        execute("BEGIN IMMEDIATE")
-                        return
-                    except Exception as exc:
-                        if not _is_busy(exc) or time.monotonic() >= deadline:
-                            raise
+                    if receiver or time.monotonic() > polite_until or not self.receiver_waiting():
+                        try:
+                            execute("BEGIN IMMEDIATE")
+                            return
+                        except Exception as exc:
+                            if not _is_busy(exc) or time.monotonic() >= deadline:
+                                raise
                     time.sleep(pause)
                     pause = min(pause * 2, _LONGEST_PAUSE)
             finally:
@@ -143,21 +146,14 @@ class WriteLock:
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
 
-    def give_way(self, limit: float) -> float:
-        """Wait, up to `limit` seconds, while a receiver waits for the lock.
-        Returns the seconds waited."""
+    def receiver_waiting(self) -> bool:
+        """Whether a receiver waits for the lock now (one non-blocking ``flock``)."""
         fd = self._fd(create=False)
         if fd is None:
-            return 0.0
-        started = time.monotonic()
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                waited = time.monotonic() - started
-                if waited >= limit:
-                    return waited
-                time.sleep(0.0005)
-                continue
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return time.monotonic() - started
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
