@@ -49,7 +49,7 @@ from .ledger import EffectLedger
 from .providers.base import env_name
 from .queries import Queries
 
-__all__ = ["Context", "EffectError", "HandlerSavepoints", "effect_key"]
+__all__ = ["AttemptServices", "Context", "EffectError", "HandlerSavepoints", "effect_key"]
 
 T = TypeVar("T")
 
@@ -65,9 +65,26 @@ def effect_key(provider: str, event_id: str, name: str) -> str:
     return f"oo-{digest[:40]}"
 
 
+@dataclass(frozen=True, slots=True)
+class AttemptServices:
+    """What the worker lends a handler's attempt: the effect ledger, the
+    outbox's statements and actions, the API clients for ``fetch()``, the
+    worker thread's event loop, and the answers it prefetched."""
+
+    ledger: EffectLedger
+    queries: Queries
+    actions: frozenset[str]
+    api_clients: Mapping[str, ApiClient] = field(default_factory=dict)
+    event_loop: Callable[[], asyncio.AbstractEventLoop] | None = None
+    fetched: Mapping[Target, dict[str, Any] | Exception] = field(default_factory=dict)
+
+
 @dataclass
 class Context:
-    """Passed to each handler call with the event it handles."""
+    """Passed to each handler call with the event it handles.
+
+    Built by the worker with :meth:`for_attempt`; the attributes whose names
+    start with ``_`` are its own."""
 
     event: Event
     #: The connection of the transaction that marks the event processed.
@@ -84,6 +101,24 @@ class Context:
     _event_loop: Callable[[], asyncio.AbstractEventLoop] | None = None
     #: Answers (or errors) read in this attempt, some before it began (prefetch).
     _fetched: dict[Target, dict[str, Any] | Exception] = field(default_factory=dict)
+
+    @classmethod
+    def for_attempt(
+        cls, event: Event, connection: sa.Connection, services: AttemptServices
+    ) -> Context:
+        """The context of attempt number ``event.attempts`` of `event`, on the
+        processing transaction's `connection`."""
+        return cls(
+            event=event,
+            connection=connection,
+            attempt=event.attempts,
+            _ledger=services.ledger,
+            _queries=services.queries,
+            _actions=services.actions,
+            _api_clients=services.api_clients,
+            _event_loop=services.event_loop,
+            _fetched=dict(services.fetched),
+        )
 
     @property
     def session(self) -> Session:
@@ -211,13 +246,24 @@ class Context:
         )
         self._staged = True
 
-    # Called by the worker.
+    # The worker's side of an attempt.
 
-    def _flush(self) -> None:
+    @property
+    def staged(self) -> bool:
+        """Whether this attempt staged outbox rows that are still to commit."""
+        return self._staged
+
+    def discard_staged(self) -> None:
+        """The attempt's writes were rolled back, its staged rows with them."""
+        self._staged = False
+
+    def flush(self) -> None:
+        """Write what the ORM session holds (before the event is marked)."""
         if self._session is not None:
             self._session.flush()
 
-    def _close(self) -> None:
+    def end_attempt(self) -> None:
+        """Close the ORM session, if the handler opened one."""
         if self._session is not None:
             self._session.close()
             self._session = None

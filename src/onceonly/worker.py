@@ -3,24 +3,20 @@
 The event row is the job. A worker claims a batch of due events in one
 statement (``FOR UPDATE SKIP LOCKED`` on PostgreSQL; one ``UPDATE ...
 RETURNING`` on SQLite), which sets ``status='processing'``, its own name as
-``lease_owner``, a lease expiry, and bumps ``fence``. Each worker thread then
-runs its share of the claim in one transaction:
+``lease_owner``, a lease expiry, and bumps ``fence``. Its parts:
 
-1. re-read the rows (locking them on PostgreSQL): an event whose ``fence``
-   changed was lost to another worker: skip it, write nothing for it;
-2. run each handler on that transaction's connection, inside a savepoint
-   that its failure rolls back;
-3. ``UPDATE ... SET status='processed' WHERE id=? AND fence=?`` and commit once.
+- this module: the claim loop, the thread pool that runs each thread's share
+  of a claim, LISTEN/NOTIFY, signals and the graceful stop;
+- :mod:`onceonly.batch`: one share in as few transactions as the budget
+  allows, one savepoint per handler, the marks (G3);
+- :mod:`onceonly.prefetch`: API reads done before the transaction opens;
+- :mod:`onceonly.leases`: the leases kept alive, the unstarted given back;
+- :mod:`onceonly.outbox`: the actions staged by handlers, after the commit.
 
-So the handler's writes and the mark commit together (G3). A worker killed
-with SIGKILL leaves ``processing`` rows whose lease runs out; any worker then
-claims them again. A live worker keeps extending the leases of the events it
-holds, and on PostgreSQL the row locks taken in step 1 makes a running handler's
-event unclaimable even if its lease ran out (claims skip locked rows), so a slow
-handler never runs twice in parallel. A handler that raises rolls back; the
-event becomes ``failed`` with a retry time (exponential backoff with jitter),
-and after ``max_attempts`` it becomes ``dead``. Every failed attempt's error, type
-and traceback is kept in ``onceonly_attempts``.
+A handler that raises rolls back; the event becomes ``failed`` with a retry
+time (exponential backoff with jitter), and after ``max_attempts`` it becomes
+``dead``. Every failed attempt's error, type and traceback is kept in
+``onceonly_attempts``.
 """
 
 from __future__ import annotations
@@ -35,23 +31,20 @@ import signal
 import socket
 import threading
 import time
-import traceback
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from ._exceptions import OnceonlyError, StoreUnavailable
-from .clients import Target
-from .context import Context, HandlerSavepoints
+from ._exceptions import StoreUnavailable
+from .batch import BatchProcessor, Claimed
 from .db import write_lock_of
 from .events import Event, EventStatus
+from .leases import LeaseKeeper
 from .outbox import DatabaseError, OutboxRunner
-from .prefetch import prefetch
 from .queries import QUERIES
 from .store import migrate_blocking
 
@@ -61,21 +54,6 @@ if TYPE_CHECKING:
 __all__ = ["Claimed", "Worker", "backoff"]
 
 log = logging.getLogger("onceonly.worker")
-
-# On SQLite, past this a batch commits and goes on in a new transaction even
-# with no receiver waiting: other workers, purges and imports wait in SQLite's
-# busy handler, and not for seconds.
-_LONGEST_TRANSACTION = 0.25
-
-
-class LeaseLost(OnceonlyError):
-    """Another worker owns the event now; this one must not commit anything."""
-
-
-@dataclass(frozen=True, slots=True)
-class Claimed:
-    event: Event
-    fence: int
 
 
 def backoff(attempt: int, *, base: float, cap: float) -> float:
@@ -148,7 +126,6 @@ class Worker:
         )
         if self.transaction_budget < 0:
             raise ValueError("transaction_budget must be >= 0")
-        self._write_lock = write_lock_of(self.engine)
         self.q = QUERIES[self.kind]
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -157,8 +134,6 @@ class Worker:
         self._busy = 0  # chunks being processed
         self._lock = threading.Lock()
         self._loops = threading.local()
-        self.processed = 0
-        self.failed = 0
         self.metrics = app.metrics
         self._db_failures = 0  # consecutive failed claims, for the back-off
         self.outbox = OutboxRunner(
@@ -172,6 +147,35 @@ class Worker:
             loop=self._loop,
             on_database_error=self._database_failed,
         )
+        self.batches = BatchProcessor(
+            app,
+            self.q,
+            owner=self.name,
+            transaction_budget=self.transaction_budget,
+            write_lock=write_lock_of(self.engine),
+            outbox=self.outbox,
+            loop=self._loop,
+            delay=self._delay,
+        )
+        self.leases = LeaseKeeper(
+            self.engine,
+            self.q,
+            owner=self.name,
+            lease=self.lease,
+            held=self._held_ids,
+            outbox=self.outbox,
+            on_database_error=self._database_failed,
+        )
+
+    @property
+    def processed(self) -> int:
+        """Events this worker marked processed."""
+        return self.batches.processed
+
+    @property
+    def failed(self) -> int:
+        """Failed attempts this worker recorded."""
+        return self.batches.failed
 
     # Public.
 
@@ -187,7 +191,9 @@ class Worker:
         log.info("worker %s: concurrency %d, lease %.0f s", self.name, self.concurrency, self.lease)
         if not self._ensure_schema():
             return
-        threading.Thread(target=self._keep_leases, name="onceonly-leases", daemon=True).start()
+        threading.Thread(
+            target=self.leases.run, args=(self._stop,), name="onceonly-leases", daemon=True
+        ).start()
         if self.kind == "postgresql":
             threading.Thread(target=self._listen, name="onceonly-listen", daemon=True).start()
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="onceonly-handler")
@@ -314,7 +320,7 @@ class Worker:
         with self._lock:
             self._started.update(ids)
         try:
-            self._process_batch(chunk)
+            self.batches.process(chunk)
         except DatabaseError as exc:
             self._database_failed("batch", exc)
             log.warning("events %s: database error (leases will expire): %s", ids, exc)
@@ -328,249 +334,21 @@ class Worker:
 
     def _process(self, item: Claimed) -> None:
         """Process one claimed event (a batch of one)."""
-        self._process_batch([item])
-
-    def _process_batch(self, batch: list[Claimed]) -> None:
-        """Run a batch of claimed events, one savepoint each, in as few
-        transactions as the lock budget allows.
-
-        Each handler's writes and its event's mark commit together (the same
-        commit); a handler that raises rolls back to its savepoint, so its writes
-        vanish and the others' stay. One commit serves the whole batch, unless
-        the batch has held SQLite's write lock past ``transaction_budget``: then
-        what is done commits and the rest goes on in a new transaction, so the
-        receiver and the other workers get the lock between the two.
-        """
-        prefetched = prefetch(self.app, [c.event for c in batch], self._loop)
-        remaining = batch
-        while remaining:
-            remaining = self._process_slice(remaining, prefetched)
-
-    def _process_slice(
-        self,
-        batch: list[Claimed],
-        prefetched: dict[int, dict[Target, Any]],
-    ) -> list[Claimed]:
-        """Process the head of `batch` in one transaction; the events left over
-        when the budget ran out."""
-        contexts: list[Context] = []
-        processed: list[tuple[Claimed, str]] = []
-        failures: list[tuple[Claimed, Exception, str | None]] = []
-        left: list[Claimed] = []
-        budget = self.transaction_budget
-        started: float | None = None
-        try:
-            with self.engine.begin() as conn:
-                started = time.monotonic()  # the lock is held from here on
-                current = {
-                    row.id: row
-                    for row in conn.execute(
-                        sa.text(self.q.lock_events),
-                        {
-                            "ids": [c.event.id for c in batch],
-                            "ids_json": json.dumps([c.event.id for c in batch]),
-                        },
-                    )
-                }
-                savepoints = HandlerSavepoints(conn)
-                for n, item in enumerate(batch):
-                    if n and budget and self._over_budget(time.monotonic() - started):
-                        left = batch[n:]
-                        break
-                    row = current.get(item.event.id)
-                    if row is None or row.fence != item.fence or row.status != "processing":
-                        log.warning(
-                            "event %s: lease lost before processing; the new owner will finish it",
-                            item.event.id,
-                        )
-                        continue
-                    outcome = self._handle(
-                        conn, savepoints, item, contexts, prefetched.get(item.event.id, {})
-                    )
-                    if isinstance(outcome, tuple):
-                        failures.append((item, *outcome))
-                    else:
-                        processed.append((item, outcome))
-                if processed:
-                    # The rows were locked and their fences checked above, and
-                    # nobody can change a locked row: these updates all land.
-                    conn.execute(
-                        sa.text(self.q.mark_processed),
-                        [{"id": i.event.id, "fence": i.fence, "handler": h} for i, h in processed],
-                    )
-                savepoints.close()
-                for item, exc, handler in failures:
-                    self._record_failure(conn, item, exc, handler)
-        finally:
-            for ctx in contexts:
-                ctx._close()
-            if started is not None:
-                self.metrics.transaction_ended(time.monotonic() - started)
-        self.processed += len(processed)
-        self.failed += len(failures)
-        # Counted once the transaction committed, so they match the table.
-        dead = [i.event.provider for i, _, _ in failures if self._is_last(i)]
-        self.metrics.batch_committed(
-            processed=[i.event.provider for i, _ in processed],
-            failed=[i.event.provider for i, _, _ in failures if not self._is_last(i)],
-            dead=dead,
-        )
-        staged = [c.event.id for c in contexts if c._staged]
-        if staged:
-            self.outbox.run_for(staged)
-        return left
-
-    def _over_budget(self, held: float) -> bool:
-        """Whether a transaction open for `held` seconds should commit now."""
-        if held <= self.transaction_budget:
-            return False
-        if self._write_lock is None or held > _LONGEST_TRANSACTION:
-            return True
-        return self._write_lock.receiver_waiting()
-
-    def _handle(
-        self,
-        conn: sa.Connection,
-        savepoints: HandlerSavepoints,
-        item: Claimed,
-        contexts: list[Context],
-        prefetched: dict[Target, dict[str, Any] | Exception],
-    ) -> str | tuple[Exception, str | None]:
-        """Run one event's handler in a savepoint: the handler's name on
-        success, (error, handler name) on failure."""
-        event = item.event
-        registration = self.app.handlers.resolve(event.provider, event.event_type)
-        name = registration.name if registration else None
-        if event.attempts > self.app.max_attempts:
-            # Claimed again after workers died on it max_attempts times.
-            return RuntimeError("the worker died during every attempt"), name
-        if registration is None:
-            log.info(
-                "event %s (%s %s): no handler registered; marked processed",
-                event.id,
-                event.provider,
-                event.event_type,
-            )
-            return "(no handler registered)"
-        ctx = Context(
-            event=event,
-            connection=conn,
-            attempt=event.attempts,
-            _ledger=self.app.effect_ledger,
-            _queries=self.q,
-            _actions=frozenset(self.app.handlers.actions),
-            _api_clients=self.app.api_clients,
-            _event_loop=self._loop,
-            _fetched=prefetched,
-        )
-        contexts.append(ctx)
-        savepoints.arm()
-        started = time.perf_counter()
-        try:
-            if registration.is_async:
-                self._loop().run_until_complete(registration.handler(event, ctx))
-            else:
-                registration.handler(event, ctx)
-            ctx._flush()
-        except Exception as exc:
-            ctx._close()
-            savepoints.finish(success=False)
-            ctx._staged = False  # its outbox rows went with the savepoint
-            return exc, name
-        finally:
-            self.metrics.handler_ran(event.provider, time.perf_counter() - started)
-        if not savepoints.finish(success=True):
-            ctx._staged = False
-            return RuntimeError(
-                "the handler swallowed a database error that aborted its writes; "
-                "they were rolled back"
-            ), name
-        return registration.name
-
-    def _attempt_row(
-        self, item: Claimed, outcome: str, exc: BaseException | None = None
-    ) -> dict[str, Any]:
-        return {
-            "event_pk": item.event.id,
-            "attempt": item.event.attempts,
-            "worker": self.name,
-            "outcome": outcome,
-            "error_type": type(exc).__qualname__ if exc else None,
-            "error_message": str(exc)[:2000] if exc else None,
-            "traceback": "".join(traceback.format_exception(exc))[-8000:] if exc else None,
-        }
-
-    def _record_failure(
-        self, conn: sa.Connection, item: Claimed, exc: Exception, handler: str | None
-    ) -> None:
-        attempt = item.event.attempts
-        dead = self._is_last(item)
-        delay = 0.0 if dead else self._delay(attempt)
-        log.warning(
-            "event %s (%s) attempt %d/%d failed%s: %s: %s",
-            item.event.id,
-            handler or "no handler",
-            attempt,
-            self.app.max_attempts,
-            "; now dead" if dead else f"; retry in {delay:.1f} s",
-            type(exc).__name__,
-            exc,
-        )
-        conn.execute(
-            sa.text(self.q.mark_failed),
-            self._params(
-                id=item.event.id,
-                fence=item.fence,
-                dead=dead,
-                delay=delay,
-                error=f"{type(exc).__name__}: {exc}"[:2000],
-            ),
-        )
-        conn.execute(
-            sa.text(self.q.insert_attempt),
-            self._attempt_row(item, "dead" if dead else "failed", exc),
-        )
-
-    def _is_last(self, item: Claimed) -> bool:
-        """Whether a failure of this attempt makes the event dead."""
-        return item.event.attempts >= self.app.max_attempts
-
-    def _delay(self, attempt: int) -> float:
-        return backoff(attempt, base=self.app.retry_base, cap=self.app.retry_cap)
-
-    # Leases.
-
-    def _keep_leases(self) -> None:
-        while not self._stop.wait(self.lease / 3):
-            self.outbox.extend_leases()
-            with self._lock:
-                ids = list(self._held)
-            if not ids:
-                continue
-            try:
-                with self.engine.begin() as conn:
-                    conn.execute(
-                        sa.text(self.q.extend_leases),
-                        self._params(ids=ids, ids_json=json.dumps(ids)),
-                    )
-            except DatabaseError as exc:
-                self._database_failed("leases", exc)
-                log.warning("could not extend leases: %s", getattr(exc, "orig", exc))
+        self.batches.process([item])
 
     def _release_unstarted(self) -> None:
         with self._lock:
             waiting = [c for i, c in self._held.items() if i not in self._started]
             for c in waiting:
                 self._held.pop(c.event.id, None)
-        if not waiting:
-            return
-        try:
-            with self.engine.begin() as conn:
-                for c in waiting:
-                    conn.execute(sa.text(self.q.release), {"id": c.event.id, "fence": c.fence})
-            log.info("released %d claimed events not yet started", len(waiting))
-        except DatabaseError as exc:
-            log.warning("could not release events (their leases will expire): %s", exc)
+        self.leases.release(waiting)
+
+    def _held_ids(self) -> list[int]:
+        with self._lock:
+            return list(self._held)
+
+    def _delay(self, attempt: int) -> float:
+        return backoff(attempt, base=self.app.retry_base, cap=self.app.retry_cap)
 
     # Waking up.
 

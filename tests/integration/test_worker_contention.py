@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from test_worker import deliver, make_app, paid, statuses
 
 from onceonly import ConfigurationError, Event, NewEvent, Onceonly, create_store
-from onceonly import worker as worker_module
+from onceonly import batch as batch_module
 from onceonly.context import Context
 from onceonly.worker import running
 
@@ -133,7 +133,7 @@ def test_a_sliced_batch_keeps_each_event_once_and_failures_apart(
     handler in the middle rolls back only itself, every other event is
     processed once, and the failure is recorded like any other."""
     # On SQLite a batch is cut short only for a waiting receiver, or past this.
-    monkeypatch.setattr(worker_module, "_LONGEST_TRANSACTION", 0.0)
+    monkeypatch.setattr(batch_module, "_LONGEST_TRANSACTION", 0.0)
     app = make_app(database_url, transaction_budget=0.000001, max_attempts=3)
 
     @app.handler("stripe")
