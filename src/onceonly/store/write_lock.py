@@ -91,9 +91,11 @@ class WriteLock:
         *,
         timeout: float,
         receiver: bool,
+        pragma: Callable[[str], object] | None = None,
     ) -> None:
         """``BEGIN IMMEDIATE`` through `execute` (a connection's execute), with
-        SQLite's own wait (``busy_timeout``, restored afterwards) turned off.
+        SQLite's own wait (``busy_timeout``, restored afterwards through
+        `pragma`, by default `execute`) turned off.
 
         `receiver`: announce the wait, so that workers give way; otherwise
         give way, before every try, to receivers that wait (for up to
@@ -103,7 +105,8 @@ class WriteLock:
             now = time.monotonic()
             deadline = now + timeout
             polite_until = now + GIVE_WAY_SECONDS
-            execute("PRAGMA busy_timeout = 0")
+            pragma = pragma or execute
+            pragma("PRAGMA busy_timeout = 0")
             try:
                 pause = _FIRST_PAUSE
                 while True:
@@ -117,7 +120,7 @@ class WriteLock:
                     time.sleep(pause)
                     pause = min(pause * 2, _LONGEST_PAUSE)
             finally:
-                execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+                pragma(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
 
     def _fd(self, *, create: bool) -> int | None:
         fd: int | None = getattr(self._local, "fd", None)
