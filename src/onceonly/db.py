@@ -46,8 +46,13 @@ def engine_kind(url: str) -> str:
     raise ConfigurationError(f"unsupported database URL scheme {scheme!r}")
 
 
-def create_engine(url: str, *, pool_size: int = 10) -> sa.Engine:
-    """A synchronous engine for `url` (an onceonly database URL)."""
+def create_engine(url: str, *, pool_size: int = 10, write_turns: bool = True) -> sa.Engine:
+    """A synchronous engine for `url` (an onceonly database URL).
+
+    On SQLite, `write_turns` takes the write lock in turns with the receiver
+    (:mod:`onceonly.store.write_lock`); without it, SQLite's busy handler
+    decides, which suits a file that only short transactions of the workers
+    write (the effect ledger's)."""
     kind = engine_kind(url)
     rest = url.partition("://")[2]
     if kind == "postgresql":
@@ -83,18 +88,39 @@ def create_engine(url: str, *, pool_size: int = 10) -> sa.Engine:
     write_lock = WriteLock.of(path)
     _write_locks[engine] = write_lock
 
+    if not write_turns:
+
+        @event.listens_for(engine, "begin")
+        def _begin_plain(connection: sa.Connection) -> None:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+
     @event.listens_for(engine, "begin")
     def _begin(connection: sa.Connection) -> None:
-        # In turns, a waiting receiver first (store.write_lock). BEGIN goes
-        # through SQLAlchemy, which wraps its errors; the pragmas straight to
-        # the driver, a tenth of the cost.
+        # In turns, a waiting receiver first (store.write_lock). The tries go
+        # straight to the driver, a tenth of the cost of SQLAlchemy's
+        # execute; the last one through SQLAlchemy, which wraps its error.
         driver = connection.connection.dbapi_connection
         write_lock.begin(
             connection.exec_driver_sql,
             timeout=busy_ms / 1000,
             receiver=False,
-            pragma=driver.execute if driver is not None else None,
+            driver=driver.execute if driver is not None else None,
+            turn=connection.info,
         )
+
+    # However the transaction ends, the process's next thread may go. (These
+    # fire just before the driver's COMMIT or ROLLBACK: a thread that tries
+    # in that instant finds SQLite's lock still taken and tries again.)
+    @event.listens_for(engine, "commit")
+    @event.listens_for(engine, "rollback")
+    def _end(connection: sa.Connection) -> None:
+        write_lock.end(connection.info)
+
+    @event.listens_for(engine, "checkin")
+    def _checkin(_dbapi_connection: sqlite3.Connection, record: Any) -> None:
+        write_lock.end(record.info)
 
     return engine
 

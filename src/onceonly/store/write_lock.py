@@ -37,7 +37,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 
 __all__ = ["WriteLock"]
 
@@ -50,6 +50,9 @@ GIVE_WAY_SECONDS = 1.0
 # Between two tries of BEGIN IMMEDIATE: from 0.25 ms, doubling, at most 2 ms.
 _FIRST_PAUSE = 0.00025
 _LONGEST_PAUSE = 0.002
+
+# Marks, in a connection's info, that it holds its process's turn.
+_TURN = "onceonly.write_turn"
 
 _instances: dict[str, WriteLock] = {}
 _instances_lock = threading.Lock()
@@ -73,6 +76,7 @@ class WriteLock:
         self.priority_path = priority_path
         self._local = threading.local()
         self._disabled = priority_path is None
+        self._turn = threading.Lock()
 
     @classmethod
     def of(cls, database_path: str) -> WriteLock:
@@ -91,45 +95,80 @@ class WriteLock:
         *,
         timeout: float,
         receiver: bool,
-        pragma: Callable[[str], object] | None = None,
+        driver: Callable[[str], object] | None = None,
+        turn: MutableMapping[str, object] | None = None,
     ) -> None:
-        """``BEGIN IMMEDIATE`` through `execute` (a connection's execute), with
-        SQLite's own wait (``busy_timeout``, restored afterwards through
-        `pragma`, by default `execute`) turned off.
+        """``BEGIN IMMEDIATE`` with SQLite's own wait (``busy_timeout``,
+        restored afterwards) turned off. Tries and pragmas go through `driver`
+        (the driver connection's execute: a failed try costs little); the last
+        try, past `timeout`, through `execute`, so that its error is the one
+        the caller's layer raises (SQLAlchemy's, say).
 
         `receiver`: announce the wait, so that workers give way; otherwise
         give way, before every try, to receivers that wait (for up to
-        GIVE_WAY_SECONDS in all). Raises the last "database is locked" once
-        `timeout` seconds have passed."""
+        GIVE_WAY_SECONDS in all). `turn` (a connection's ``info``): take this
+        process's turn first, so that its threads wait for each other on a
+        lock of their own instead of all trying SQLite's; :meth:`end` gives it
+        back. Raises the last "database is locked" once `timeout` seconds have
+        passed."""
+        deadline = time.monotonic() + timeout
+        # Threads of one process queue here rather than all polling (each try
+        # takes the GIL from the thread whose handlers run).
+        if turn is not None and self._turn.acquire(timeout=timeout):
+            turn[_TURN] = True
+        try:
+            self._begin(execute, driver or execute, deadline, timeout, receiver=receiver)
+        except BaseException:
+            if turn is not None:
+                self.end(turn)
+            raise
+
+    def end(self, turn: MutableMapping[str, object]) -> None:
+        """The transaction begun with this `turn` ended: the next thread's turn."""
+        if turn.pop(_TURN, None):
+            self._turn.release()
+
+    def _begin(
+        self,
+        execute: Callable[[str], object],
+        driver: Callable[[str], object],
+        deadline: float,
+        timeout: float,
+        *,
+        receiver: bool,
+    ) -> None:
         with self._waiting() if receiver else contextlib.nullcontext():
-            now = time.monotonic()
-            deadline = now + timeout
-            polite_until = now + GIVE_WAY_SECONDS
-            pragma = pragma or execute
-            pragma("PRAGMA busy_timeout = 0")
+            polite_until = time.monotonic() + GIVE_WAY_SECONDS
+            driver("PRAGMA busy_timeout = 0")
             try:
                 pause = _FIRST_PAUSE
-                while True:
+                while time.monotonic() < deadline:
                     if receiver or time.monotonic() > polite_until or not self.receiver_waiting():
                         try:
-                            execute("BEGIN IMMEDIATE")
+                            driver("BEGIN IMMEDIATE")
                             return
                         except Exception as exc:
-                            if not _is_busy(exc) or time.monotonic() >= deadline:
+                            if not _is_busy(exc):
                                 raise
                     time.sleep(pause)
                     pause = min(pause * 2, _LONGEST_PAUSE)
+                execute("BEGIN IMMEDIATE")  # raises "database is locked", or gets it
             finally:
-                pragma(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+                driver(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
 
     def _fd(self, *, create: bool) -> int | None:
         fd: int | None = getattr(self._local, "fd", None)
         if fd is None and not self._disabled and self.priority_path is not None:
+            if not create and time.monotonic() < getattr(self._local, "absent_until", 0.0):
+                return None
             flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
             try:
                 fd = os.open(self.priority_path, flags, 0o666)
             except FileNotFoundError:
-                return None  # no receiver has waited on this file yet
+                # No receiver has waited on this file yet: look again in a
+                # second rather than at every transaction.
+                self._local.absent_until = time.monotonic() + 1.0
+                return None
             except OSError as exc:
                 log.warning("SQLite write priority off (%s: %s)", self.priority_path, exc)
                 self._disabled = True
