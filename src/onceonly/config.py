@@ -37,6 +37,9 @@ Environment variables:
 
 In code, build an :class:`Onceonly` and point the CLI at it with
 ``--app module:attribute``; what the object sets wins over the environment.
+Everything is read once into :class:`~onceonly.settings.Settings` (frozen and
+validated, an explicit ``0`` included); ``--database-url`` and the other CLI
+options make a new object with :meth:`Onceonly.replace`.
 """
 
 from __future__ import annotations
