@@ -37,6 +37,9 @@ Environment variables:
 
 In code, build an :class:`Onceonly` and point the CLI at it with
 ``--app module:attribute``; what the object sets wins over the environment.
+Everything is read once into :class:`~onceonly.settings.Settings` (frozen and
+validated, an explicit ``0`` included); ``--database-url`` and the other CLI
+options make a new object with :meth:`Onceonly.replace`.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 import sqlalchemy as sa
 
@@ -56,9 +59,14 @@ from .db import create_engine, engine_kind
 from .handlers import Action, Handler, HandlerRegistry
 from .inbox import Inbox
 from .providers import PROVIDER_CLASSES, Provider
-from .providers.base import env_name, parse_int
-from .retention import DEFAULT_RETENTION_IDS, DEFAULT_RETENTION_PAYLOADS, duration
-from .store import DEFAULT_DATABASE_URL, Store, create_store
+from .providers.base import env_name
+from .settings import (
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_HEADER_BYTES,
+    Settings,
+)
+from .store import Store, create_store
 
 if TYPE_CHECKING:
     from .dashboard import Dashboard
@@ -70,6 +78,7 @@ if TYPE_CHECKING:
 
 H = TypeVar("H", bound=Handler)
 A = TypeVar("A", bound=Action)
+T = TypeVar("T")
 
 __all__ = [
     "DEFAULT_BODY_TIMEOUT",
@@ -78,14 +87,6 @@ __all__ = [
     "Onceonly",
     "load_app",
 ]
-
-DEFAULT_MAX_BODY_BYTES = 1024 * 1024
-#: Every provider's headers fit in a few KiB (Stripe's signature header with
-#: several v1 entries included); 32 KiB leaves room for proxies' additions.
-DEFAULT_MAX_HEADER_BYTES = 32 * 1024
-#: Providers send a webhook's body at once; a sender still trickling after
-#: this many seconds holds a connection open for nothing.
-DEFAULT_BODY_TIMEOUT = 10.0
 
 
 def providers_from_environ(environ: Mapping[str, str]) -> dict[str, Provider]:
@@ -97,6 +98,34 @@ def providers_from_environ(environ: Mapping[str, str]) -> dict[str, Provider]:
         if secrets:
             found[name] = cls.from_environ(environ, secrets)
     return found
+
+
+class _Setting(Generic[T]):
+    """One of :class:`Settings`' values as an attribute of :class:`Onceonly`.
+
+    Reading goes to the frozen settings; assigning builds new, validated
+    settings, and is refused once a resource (store, engine, ...) was built
+    from the old ones: that resource would silently keep the old value.
+    """
+
+    def __init__(self, flat: str | None = None) -> None:
+        self.flat = flat or ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.flat = self.flat or name
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> _Setting[T]: ...
+    @overload
+    def __get__(self, obj: Onceonly, owner: type) -> T: ...
+    def __get__(self, obj: Onceonly | None, owner: type) -> T | _Setting[T]:
+        if obj is None:
+            return self
+        value: T = obj.settings.flat(self.flat)
+        return value
+
+    def __set__(self, obj: Onceonly, value: T) -> None:
+        obj._change(self.flat, value)
 
 
 class Onceonly:
@@ -118,7 +147,32 @@ class Onceonly:
     the same route. `api_clients` (also keyed by route, e.g.
     ``{"stripe": StripeClient("sk_test_...")}``) serve ``ctx.fetch()``; those
     from ``ONCEONLY_<ROUTE>_API_TOKEN`` are added the same way.
+
+    The other keywords are read once, with the environment, into
+    :attr:`settings` (frozen, validated; ``None`` means "not given"). The
+    object builds its store, engine, inbox, metrics and components from them;
+    once one exists, the settings cannot change (build another object with
+    :meth:`replace`).
     """
+
+    database_url = _Setting[str]()
+    max_body_bytes = _Setting[int]()
+    max_header_bytes = _Setting[int]()
+    body_timeout = _Setting[float]()
+    retry_after = _Setting[int]()
+    max_attempts = _Setting[int]()
+    lease_seconds = _Setting[float]()
+    outbox_lease_seconds = _Setting[float]()
+    #: None: the engine's default, chosen by the worker (see Worker).
+    transaction_budget = _Setting[float | None]()
+    retry_base = _Setting[float]()
+    retry_cap = _Setting[float]()
+    metrics_enabled = _Setting[bool]("metrics")
+    retention_payloads = _Setting[timedelta]()
+    retention_ids = _Setting[timedelta]()
+    dashboard_path = _Setting[str | None]()
+    dashboard_token = _Setting[str | None]()
+    dashboard_redact = _Setting[tuple[str, ...]]()
 
     def __init__(
         self,
@@ -143,9 +197,33 @@ class Onceonly:
         dashboard_token: str | None = None,
         dashboard_redact: str | Sequence[str] | None = None,
         environ: Mapping[str, str] | None = None,
+        settings: Settings | None = None,
     ) -> None:
         env = os.environ if environ is None else environ
-        self.database_url = database_url or env.get("ONCEONLY_DATABASE_URL") or DEFAULT_DATABASE_URL
+        given: dict[str, Any] = {
+            "database_url": database_url,
+            "max_body_bytes": max_body_bytes,
+            "max_header_bytes": max_header_bytes,
+            "body_timeout": body_timeout,
+            "retry_after": retry_after,
+            "max_attempts": max_attempts,
+            "lease_seconds": lease_seconds,
+            "outbox_lease_seconds": outbox_lease_seconds,
+            "transaction_budget": transaction_budget,
+            "retry_base": retry_base,
+            "retry_cap": retry_cap,
+            "metrics": metrics,
+            "retention_payloads": retention_payloads,
+            "retention_ids": retention_ids,
+            "dashboard_path": dashboard_path,
+            "dashboard_token": dashboard_token,
+            "dashboard_redact": dashboard_redact,
+        }
+        if settings is None:
+            settings = Settings.from_environ(env, **given)
+        elif any(value is not None for value in given.values()):
+            raise ConfigurationError("give either settings or keyword settings, not both")
+        self._settings = settings
         self.providers: dict[str, Provider] = providers_from_environ(env)
         self.providers.update(providers or {})
         self.api_clients: dict[str, ApiClient] = clients_from_environ(env, self.providers)
@@ -153,105 +231,60 @@ class Onceonly:
         for name in self.providers:
             if not name or "/" in name:
                 raise ConfigurationError(f"provider route name {name!r} is not a path segment")
-        self.max_body_bytes = (
-            max_body_bytes
-            if max_body_bytes is not None
-            else parse_int(
-                env.get("ONCEONLY_MAX_BODY_BYTES", str(DEFAULT_MAX_BODY_BYTES)),
-                "ONCEONLY_MAX_BODY_BYTES",
-            )
-        )
-        self.max_header_bytes = (
-            max_header_bytes
-            if max_header_bytes is not None
-            else parse_int(
-                env.get("ONCEONLY_MAX_HEADER_BYTES", str(DEFAULT_MAX_HEADER_BYTES)),
-                "ONCEONLY_MAX_HEADER_BYTES",
-            )
-        )
-        self.body_timeout = (
-            body_timeout
-            if body_timeout is not None
-            else _float(env, "ONCEONLY_BODY_TIMEOUT", DEFAULT_BODY_TIMEOUT)
-        )
-        self.retry_after = (
-            retry_after
-            if retry_after is not None
-            else parse_int(env.get("ONCEONLY_RETRY_AFTER", "5"), "ONCEONLY_RETRY_AFTER")
-        )
-        self.max_attempts = max_attempts or parse_int(
-            env.get("ONCEONLY_MAX_ATTEMPTS", "10"), "ONCEONLY_MAX_ATTEMPTS"
-        )
-        self.lease_seconds = lease_seconds or _float(env, "ONCEONLY_LEASE_SECONDS", 30.0)
-        self.retry_base = (
-            retry_base
-            if retry_base is not None
-            else _float(env, "ONCEONLY_RETRY_BASE_SECONDS", 2.0)
-        )
-        self.retry_cap = (
-            retry_cap
-            if retry_cap is not None
-            else _float(env, "ONCEONLY_RETRY_CAP_SECONDS", 3600.0)
-        )
-        if self.max_attempts < 1:
-            raise ConfigurationError("max_attempts must be at least 1")
-        if self.lease_seconds <= 0:
-            raise ConfigurationError("lease_seconds must be positive")
-        # An outbox row's claim must outlast a runner's wait for the database
-        # (on SQLite a mark can wait busy_timeout, 5 s, for the write lock, and
-        # a second runner that got the lock first would send again), so it is
-        # at least 30 s however short the event lease; it costs only the delay
-        # of a crashed runner's sends.
-        self.outbox_lease_seconds = outbox_lease_seconds or _float(
-            env, "ONCEONLY_OUTBOX_LEASE_SECONDS", max(30.0, self.lease_seconds)
-        )
-        if self.outbox_lease_seconds <= 0:
-            raise ConfigurationError("outbox_lease_seconds must be positive")
-        # None: the engine's default, chosen by the worker (see Worker).
-        self.transaction_budget = _transaction_budget(env, transaction_budget)
         self.handlers = HandlerRegistry()
         self._engine: sa.Engine | None = None
         self._effect_ledger: EffectLedger | None = None
-        if self.max_body_bytes <= 0:
-            raise ConfigurationError("max_body_bytes must be positive")
-        if self.max_header_bytes <= 0:
-            raise ConfigurationError("max_header_bytes must be positive")
-        if self.body_timeout <= 0:
-            raise ConfigurationError("body_timeout must be positive")
-        if self.retry_after < 0:
-            raise ConfigurationError("retry_after must be >= 0")
         self._store: Store | None = None
         self._inbox: Inbox | None = None
-        self.metrics_enabled = (
-            metrics
-            if metrics is not None
-            else env.get("ONCEONLY_METRICS", "1").strip().lower() not in ("0", "false", "no", "off")
-        )
         self._metrics: Metrics | None = None
-        self.retention_payloads = duration(
-            retention_payloads
-            or env.get("ONCEONLY_RETENTION_PAYLOADS", DEFAULT_RETENTION_PAYLOADS),
-            "ONCEONLY_RETENTION_PAYLOADS",
+        #: Set when a component (worker, receiver, ...) was built: it reads
+        #: these settings from now on.
+        self._composed = False
+
+    @property
+    def settings(self) -> Settings:
+        """The frozen, validated settings everything here is built from."""
+        return self._settings
+
+    def replace(self, **changes: Any) -> Onceonly:
+        """A new deployment with `changes` (the keywords ``Onceonly`` takes,
+        e.g. ``database_url=...``) applied to these settings; the same
+        providers, API clients and handlers, and resources of its own.
+
+        The CLI applies its options this way, so ``--database-url`` reaches
+        every resource, even when the ``--app`` object had built its store.
+        """
+        twin = Onceonly(
+            providers=self.providers,
+            environ={},
+            settings=self._settings.replace(**_flat(changes)),
         )
-        self.retention_ids = duration(
-            retention_ids or env.get("ONCEONLY_RETENTION_IDS", DEFAULT_RETENTION_IDS),
-            "ONCEONLY_RETENTION_IDS",
-        )
-        self.dashboard_path = _dashboard_path(
-            dashboard_path or env.get("ONCEONLY_DASHBOARD_PATH") or "/dashboard"
-        )
-        self.dashboard_token = dashboard_token or env.get("ONCEONLY_DASHBOARD_TOKEN") or None
-        if self.dashboard_token is not None and len(self.dashboard_token) < 16:
-            raise ConfigurationError(
-                "the dashboard token must be at least 16 characters (try `openssl rand -hex 24`)"
+        twin.api_clients = dict(self.api_clients)
+        twin.handlers = self.handlers
+        return twin
+
+    def _change(self, name: str, value: Any) -> None:
+        """Assigning a setting: new validated settings, unless something was
+        already built from the current ones."""
+        built = [
+            label
+            for label, resource in (
+                ("store", self._store),
+                ("engine", self._engine),
+                ("inbox", self._inbox),
+                ("metrics", self._metrics),
+                ("effect ledger", self._effect_ledger),
             )
-        raw_redact = (
-            dashboard_redact
-            if dashboard_redact is not None
-            else env.get("ONCEONLY_DASHBOARD_REDACT", "")
-        )
-        parts = raw_redact.split(",") if isinstance(raw_redact, str) else raw_redact
-        self.dashboard_redact = tuple(p.strip() for p in parts if p.strip())
+            if resource is not None
+        ]
+        if built or self._composed:
+            what = ", ".join(built) or "a component"
+            raise ConfigurationError(
+                f"cannot change {name}: {what} already built from the current settings "
+                "would keep the old value; set it before first use, or build a new "
+                "deployment with app.replace(...)"
+            )
+        self._settings = self._settings.replace(**_flat({name: value}))
 
     @property
     def store(self) -> Store:
@@ -272,7 +305,9 @@ class Onceonly:
         if self._metrics is None:
             from .metrics import Metrics
 
-            self._metrics = Metrics(self)
+            self._metrics = Metrics(
+                self.providers, engine=lambda: self.engine, engine_kind=self.engine_kind
+            )
         return self._metrics
 
     @property
@@ -351,6 +386,7 @@ class Onceonly:
         """A :class:`~onceonly.worker.Worker` for this deployment's handlers."""
         from .worker import Worker
 
+        self._composed = True
         return Worker(
             self,
             concurrency=concurrency,
@@ -367,6 +403,7 @@ class Onceonly:
         finished keys remembered for `ttl_seconds` (None: until deleted)."""
         from .guard import Guard
 
+        self._composed = True
         return Guard(
             self.database_url,
             engine=self.engine,
@@ -378,12 +415,14 @@ class Onceonly:
         """The ASGI app for ``POST /{provider}``; mount it at ``/webhooks``."""
         from .receiver import Receiver
 
+        self._composed = True
         return Receiver(self)
 
     def asgi(self) -> Receiver:
         """The whole server as ``onceonly serve`` runs it: ``POST /webhooks/{provider}``."""
         from .receiver import Receiver
 
+        self._composed = True
         return Receiver(self, prefix="/webhooks")
 
     def dashboard(self) -> Dashboard:
@@ -393,39 +432,13 @@ class Onceonly:
         """
         from .dashboard import Dashboard
 
+        self._composed = True
         return Dashboard(self)
 
 
-def _dashboard_path(raw: str) -> str | None:
-    """``/dashboard`` style, or ``None`` for ``off``; never a path the receiver owns."""
-    if raw.strip().lower() in ("off", "0", "false", "no", "none"):
-        return None
-    path = "/" + raw.strip().strip("/")
-    if path == "/" or path.split("/")[1] in ("webhooks", "healthz", "metrics"):
-        raise ConfigurationError(
-            f"dashboard path {raw!r} must be a path of its own, such as /dashboard"
-        )
-    return path
-
-
-def _transaction_budget(env: Mapping[str, str], given: float | None) -> float | None:
-    """Seconds a worker's processing transaction may run before it commits
-    and goes on in a new one; None when neither code nor environment says."""
-    if given is None and env.get("ONCEONLY_TRANSACTION_BUDGET"):
-        given = _float(env, "ONCEONLY_TRANSACTION_BUDGET", 0.0)
-    if given is not None and given < 0:
-        raise ConfigurationError("transaction_budget must be >= 0 (0: no bound)")
-    return given
-
-
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigurationError(f"{name} must be a number, got {raw!r}") from None
+def _flat(changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``metrics_enabled`` (the attribute) is ``metrics`` (the keyword)."""
+    return {("metrics" if k == "metrics_enabled" else k): v for k, v in changes.items()}
 
 
 def load_app(spec: str | None, environ: Mapping[str, str] | None = None) -> Onceonly:

@@ -52,9 +52,8 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -62,9 +61,6 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .asgi import Receive, Scope, Send, send_response
-
-if TYPE_CHECKING:
-    from .config import Onceonly
 
 __all__ = [
     "CONTENT_TYPE",
@@ -199,9 +195,20 @@ class Metrics:
     """The metrics of one :class:`~onceonly.Onceonly`, in their own registry."""
 
     def __init__(
-        self, app: Onceonly, *, queue_ttl: float = 1.0, queue_count_cap: int = 100_000
+        self,
+        providers: Iterable[str],
+        *,
+        engine: Callable[[], sa.Engine],
+        engine_kind: str,
+        queue_ttl: float = 1.0,
+        queue_count_cap: int = 100_000,
     ) -> None:
-        self.app = app
+        # The two things metrics need from a deployment, not the deployment:
+        # its provider routes (shown at 0 from the first scrape) and where
+        # the queue gauges are read. `engine` is called on the first scrape,
+        # so building Metrics opens nothing.
+        self._engine = engine
+        self._engine_kind = engine_kind
         self.queue_count_cap = queue_count_cap
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -276,7 +283,7 @@ class Metrics:
         self._bind_lock = threading.Lock()
         # Configured providers appear at 0 from the first scrape, so rate()
         # and absent() behave from the start.
-        for name in (*app.providers, UNKNOWN_PROVIDER):
+        for name in (*providers, UNKNOWN_PROVIDER):
             self._delivery(name)
 
     # Receive path (the event loop).
@@ -356,7 +363,7 @@ class Metrics:
     # Exposition.
 
     def read_queue(self) -> QueueStats:
-        return read_queue(self.app.engine, self.app.engine_kind, cap=self.queue_count_cap)
+        return read_queue(self._engine(), self._engine_kind, cap=self.queue_count_cap)
 
     def exposition(self) -> bytes:
         """The text format Prometheus scrapes (blocking: it may read the database)."""

@@ -1,11 +1,8 @@
 """``onceonly import``: the importer from the shell.
 
 The command shares ``--app``/``--database-url`` and the clean error handling
-with every other command, which live in :mod:`onceonly.cli`; and cli.py adds
-this command to its group at its very end. Importing cli here at module level
-would be circular (cli imports this module, and ``python -m onceonly.cli``
-even runs cli under another name), so the command is built on first access to
-``import_command``, when cli's helpers are defined.
+with every other command, from :mod:`onceonly.cli.options`;
+:mod:`onceonly.cli.group` registers it.
 """
 
 from __future__ import annotations
@@ -17,15 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from .._click import FORMAT as _FORMAT
+from ..cli.options import app_options, console, errors, fail_cleanly, load
+
 if TYPE_CHECKING:
     from rich.console import Console
 
     from .report import ImportProgress, ImportReport
 
 __all__ = ["import_command"]
-
-# Declared for readers and type checkers; the value comes from __getattr__ below.
-import_command: click.Command
 
 # Exit statuses a script can act on (2 and 3 are every command's: configuration
 # error, database unreachable).
@@ -106,11 +103,8 @@ def _mapping(values: Sequence[str]) -> dict[str, str | None]:
 
 
 def _build() -> click.Command:
-    from .._click import FORMAT as _FORMAT
-    from ..cli import _app_options, _fail_cleanly, _load, errors
-
     @click.command("import", help=HELP, short_help="Upsert a CSV/XLSX file into a table by a key.")
-    @_app_options
+    @app_options
     @click.argument("file", type=click.Path(dir_okay=False, allow_dash=False))
     @click.option("--table", required=True, help="Target table (NAME or SCHEMA.NAME); must exist.")
     @click.option(
@@ -184,7 +178,7 @@ def _build() -> click.Command:
     )
     @click.option("--quiet", "-q", is_flag=True, help="No progress and no text report.")
     @_FORMAT
-    @_fail_cleanly
+    @fail_cleanly
     def import_command(
         app_spec: str | None,
         database_url: str | None,
@@ -213,7 +207,7 @@ def _build() -> click.Command:
             file,
             table=table,
             key=keys,
-            database_url=_load(app_spec, database_url).database_url,
+            database_url=load(app_spec, database_url).database_url,
             key_types=_key_types(keys, key_type_values),
             mapping=_mapping(map_values),
             encoding=encoding,
@@ -323,8 +317,6 @@ def _interrupted(console: Console, importer: Any, nothing_kept: bool) -> None:
 def _print_report(report: ImportReport) -> None:
     from rich.table import Table
 
-    from ..cli import console
-
     where = [report.format]
     if report.encoding:
         where.append(report.encoding)
@@ -372,15 +364,4 @@ def _print_report(report: ImportReport) -> None:
         console.print("[yellow]dry run:[/yellow] nothing was written.")
 
 
-def __getattr__(name: str) -> click.Command:
-    # Built on first access, once cli's helpers exist (see the module docstring).
-    if name == "import_command":
-        existing: click.Command | None = globals().get("_command")
-        if existing is not None:
-            return existing
-        built = _build()
-        # Building may have imported cli afresh, which asked for the command
-        # in turn and got one: keep that first one.
-        first: click.Command = globals().setdefault("_command", built)
-        return first
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+import_command = _build()

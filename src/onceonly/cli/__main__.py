@@ -1,0 +1,5 @@
+"""``python -m onceonly.cli``: the ``onceonly`` command."""
+
+from .group import main
+
+main(prog_name="onceonly")

@@ -1,0 +1,178 @@
+"""``onceonly serve`` and ``onceonly worker``: the long-running processes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from .. import __version__
+from .options import LOG_LEVEL, app_options, configure_logging, errors, fail_cleanly, load
+
+__all__ = ["serve", "worker"]
+
+
+@click.command()
+@app_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@LOG_LEVEL
+@click.option(
+    "--access-log/--no-access-log",
+    default=False,
+    show_default=True,
+    help="Log every request (costs throughput).",
+)
+@click.option(
+    "--worker/--no-worker",
+    "with_worker",
+    default=False,
+    show_default=True,
+    help="Also run a worker in this process (a one-process set-up).",
+)
+@click.option(
+    "--concurrency",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 256),
+    help="Handler threads of the in-process worker.",
+)
+@click.option(
+    "--metrics/--no-metrics",
+    "with_metrics",
+    default=None,
+    help="Serve Prometheus metrics at GET /metrics (with --worker, the worker's too). "
+    "[env: ONCEONLY_METRICS; default: on]",
+)
+@click.option(
+    "--dashboard/--no-dashboard",
+    "with_dashboard",
+    default=True,
+    show_default=True,
+    help="Serve the operator dashboard. Without ONCEONLY_DASHBOARD_TOKEN it answers "
+    "this machine only, and stays off when --host is not a loopback address.",
+)
+@click.option(
+    "--dashboard-path",
+    metavar="PATH",
+    help="Where the dashboard lives. [env: ONCEONLY_DASHBOARD_PATH; default: /dashboard]",
+)
+@fail_cleanly
+def serve(
+    app_spec: str | None,
+    database_url: str | None,
+    host: str,
+    port: int,
+    log_level: str,
+    access_log: bool,
+    with_worker: bool,
+    concurrency: int,
+    with_metrics: bool | None,
+    with_dashboard: bool,
+    dashboard_path: str | None,
+) -> None:
+    """Run the webhook receiver: POST /webhooks/{provider}, GET /healthz.
+
+    Creates or upgrades the tables on start. If the database is down, it starts
+    anyway and answers 503 with Retry-After until the database is back. Also
+    serves the dashboard at /dashboard (see docs/dashboard.md).
+    """
+    import uvicorn
+
+    from ..dashboard import for_serve
+
+    changes: dict[str, Any] = {}
+    if with_metrics is not None:
+        changes["metrics"] = with_metrics
+    if dashboard_path is not None:
+        changes["dashboard_path"] = dashboard_path
+    if not with_dashboard:
+        changes["dashboard_path"] = None
+    app = load(app_spec, database_url, **changes)
+    if not app.providers:
+        errors.print(
+            "[yellow]warning:[/yellow] no provider configured: every delivery will get 404. "
+            "Set ONCEONLY_STRIPE_SECRET (or another ONCEONLY_<PROVIDER>_SECRET) or use --app."
+        )
+    errors.print(
+        f"onceonly {__version__}: database {app.store.url}, "
+        f"providers: {', '.join(sorted(app.providers)) or 'none'}"
+    )
+    configure_logging(log_level)
+    server = for_serve(app, app.asgi(), host=host, port=port)
+
+    def run_server() -> None:
+        uvicorn.run(
+            server,
+            host=host,
+            port=port,
+            log_level=log_level,
+            access_log=access_log,
+            lifespan="on",
+            timeout_graceful_shutdown=10,
+        )
+
+    if not with_worker:
+        run_server()
+        return
+    from ..worker import running
+
+    with running(app.worker(concurrency=concurrency)):
+        run_server()
+
+
+@click.command()
+@app_options
+@click.option(
+    "--concurrency",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 256),
+    help="Events handled at once (threads).",
+)
+@LOG_LEVEL
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    help="Serve Prometheus metrics (GET /metrics) on this port. [default: not served]",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Interface for --metrics-port.",
+)
+@fail_cleanly
+def worker(
+    app_spec: str | None,
+    database_url: str | None,
+    concurrency: int,
+    log_level: str,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
+) -> None:
+    """Process events: run each one's handler once, retry failures, then dead.
+
+    Handlers come from the --app object (@app.handler(...)). Claims due events
+    in batches; on PostgreSQL wakes on LISTEN/NOTIFY, otherwise polls every
+    second. SIGTERM or Ctrl-C finishes the events being handled, gives back the
+    rest, and exits. Run as many workers, on as many machines, as you like.
+    """
+    app = load(app_spec, database_url)
+    configure_logging(log_level)
+    runner = app.worker(concurrency=concurrency)
+    # From here on SIGTERM means "stop cleanly", even while still starting up
+    # (a deploy may stop a worker that has not claimed anything yet).
+    runner.install_signals()
+    if not len(app.handlers):
+        errors.print(
+            "[yellow]warning:[/yellow] no handler registered: events will be marked processed "
+            "as 'no handler registered'. Pass --app module:attribute."
+        )
+    # The tables are created or upgraded by run(), which waits for a database
+    # that is down at start (like serve) instead of exiting.
+    errors.print(f"onceonly worker: database {app.store.url}, concurrency {concurrency}")
+    if metrics_port is not None:
+        app.metrics.serve(metrics_port, metrics_host)
+        errors.print(f"metrics at http://{metrics_host}:{metrics_port}/metrics")
+    runner.run(install_signals=False)
