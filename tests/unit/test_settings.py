@@ -7,6 +7,7 @@ import sqlite3
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -36,8 +37,9 @@ def test_the_default_url_is_the_stores() -> None:
 def test_an_explicit_zero_is_validated_not_replaced(keyword: str, message: str) -> None:
     # On main, max_attempts=0 and lease_seconds=0 (and outbox_lease_seconds=0)
     # were taken for "not given" and silently became 10, 30 and 30.
+    options: dict[str, Any] = {keyword: 0}
     with pytest.raises(ConfigurationError, match=message):
-        Onceonly(environ={}, **{keyword: 0})
+        Onceonly(environ={}, **options)
 
 
 def test_zero_is_kept_where_it_means_something() -> None:
