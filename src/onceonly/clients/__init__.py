@@ -1,5 +1,9 @@
 """Clients for the payment providers' APIs: the payload is a hint, the API is the truth.
 
+Each client lives in its provider's folder (``onceonly/providers/<name>/client.py``,
+on the base in :mod:`onceonly.providers.client`); this package is where they
+are imported from and configured.
+
 Each client reads the object an event points to (``client.fetch(event)``), with
 timeouts, retries with backoff on 5xx/429/network errors, and errors translated
 into :class:`~onceonly.ApiError` / :class:`~onceonly.ApiUnavailable`. Inside a
@@ -23,15 +27,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..providers import Provider
-from .asaas import AsaasClient
-from .base import ApiClient, RetryPolicy, Target
-from .mercadopago import MercadoPagoClient
-from .pagbank import PagBankClient
-from .stripe import StripeClient
+from ..providers.asaas.client import AsaasClient
+from ..providers.client import ApiClient, ApiRetryPolicy, RetryPolicy, Target
+from ..providers.mercadopago.client import MercadoPagoClient
+from ..providers.pagbank.client import PagBankClient
+from ..providers.stripe.client import StripeClient
 
 __all__ = [
     "CLIENT_CLASSES",
     "ApiClient",
+    "ApiRetryPolicy",
     "AsaasClient",
     "MercadoPagoClient",
     "PagBankClient",
