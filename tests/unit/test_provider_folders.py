@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+import onceonly.clients
 import onceonly.dev
 from onceonly.dev import profiles as dev_profiles
 from onceonly.dev.api import FakeApi
@@ -79,6 +80,24 @@ def acme(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[st
             """
         )
     )
+    (folder / "client.py").write_text(
+        textwrap.dedent(
+            """
+            from onceonly.providers.client import ApiClient, Target
+
+            class AcmeClient(ApiClient):
+                name = "acme"
+                default_base_url = "https://api.acme.example"
+                kinds = ("thing",)
+
+                def target(self, event, kind=None):
+                    return Target("thing", "1")
+
+                async def get(self, target):
+                    return {}
+            """
+        )
+    )
     (folder / "profile.py").write_text(
         textwrap.dedent(
             """
@@ -115,6 +134,12 @@ def acme(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[st
     dev_profiles.profiles.cache_clear()
     for module in [m for m in sys.modules if m == "acme" or m.startswith("acme.")]:
         del sys.modules[module]
+
+
+def test_a_new_provider_folder_s_client_is_found_beside_its_verifier(acme: str) -> None:
+    found = onceonly.clients._client_classes()
+    assert found.pop("acme").__name__ == "AcmeClient"
+    assert found == onceonly.clients.CLIENT_CLASSES
 
 
 def test_a_new_provider_folder_is_played_by_dev_without_touching_dev(acme: str) -> None:

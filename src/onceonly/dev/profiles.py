@@ -10,21 +10,17 @@ with a profile beside it is enough.
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
 
 from ..providers import PROVIDER_CLASSES, Provider
+from ..providers.folder import companion
 from ..providers.profile import DevProfile
 
 __all__ = ["profile_for", "profiles"]
 
 
 def _load(cls: type[Provider]) -> DevProfile | None:
-    package = cls.__module__.rpartition(".")[0]
-    name = f"{package}.profile"
-    if not package or importlib.util.find_spec(name) is None:
-        return None
-    profile = getattr(importlib.import_module(name), "PROFILE", None)
+    module = companion(cls, "profile")
+    profile = getattr(module, "PROFILE", None)
     return profile if isinstance(profile, DevProfile) else None
 
 

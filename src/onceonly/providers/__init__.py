@@ -16,10 +16,12 @@ name (``Provider.name``):
 - ``__init__.py``: exports the provider class.
 
 Beside the folders: :mod:`.base` (the ``Provider`` base and its helpers),
-:mod:`.client` (the API clients' base) and :mod:`.profile` (the profile
-interface). Adding a provider is its folder plus its class in
-:data:`PROVIDER_CLASSES` below (and, with a client, its name in
-:mod:`onceonly.clients`); ``docs/providers.md`` says what each part must do.
+:mod:`.client` (the API clients' base), :mod:`.profile` (the profile
+interface) and :mod:`.folder` (which finds a folder's client and profile from
+its class). Adding a provider is its folder plus its class in
+:data:`PROVIDER_CLASSES` below: its client and profile are then found by
+themselves (export the client's class from :mod:`onceonly.clients` to make its
+name public). ``docs/providers.md`` says what each part must do.
 """
 
 from __future__ import annotations
