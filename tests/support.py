@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import json
 import os
 import shutil
@@ -22,6 +20,8 @@ from typing import Any
 import httpx
 import uvicorn
 
+from onceonly.providers import Provider, Stripe
+
 STRIPE_SECRET = "whsec_test_secret"
 
 #: The engines store-backed tests run on (``ONCEONLY_TEST_ENGINES``).
@@ -37,6 +37,29 @@ REQUIRE_BROWSER = os.environ.get("ONCEONLY_TEST_REQUIRE_BROWSER", "") not in (""
 ONCEONLY = [sys.executable, "-m", "onceonly.cli"]
 
 
+def signed(
+    body: bytes,
+    provider: Provider | None = None,
+    *,
+    timestamp: int | None = None,
+    delivery_id: str | None = None,
+    query: dict[str, str] | None = None,
+) -> tuple[bytes, dict[str, str]]:
+    """`body` and the headers `provider`'s sender would send with it (default:
+    Stripe with :data:`STRIPE_SECRET`), a JSON content type included.
+
+    The one signing helper of the tests that need a genuine delivery to reach
+    what comes after verification. It signs with the provider's own
+    :meth:`~onceonly.providers.Provider.sign`, so it follows the provider; the
+    tests of the signature schemes themselves sign independently (published
+    vectors, the providers' SDKs, the documented formulas in
+    ``tests/unit/test_providers*.py``) and must not use it.
+    """
+    signer = provider if provider is not None else Stripe(STRIPE_SECRET)
+    headers = signer.sign(body, timestamp=timestamp, delivery_id=delivery_id, query=query)
+    return body, {"content-type": "application/json", **headers}
+
+
 def stripe_delivery(
     event_id: str,
     *,
@@ -45,13 +68,11 @@ def stripe_delivery(
     timestamp: int | None = None,
     extra: dict[str, Any] | None = None,
 ) -> tuple[bytes, dict[str, str]]:
-    """A body and headers signed the way Stripe signs them."""
+    """A Stripe event's body and the headers Stripe signs it with."""
     body = json.dumps(
         {"id": event_id, "object": "event", "type": event_type, "data": extra or {}}
     ).encode()
-    t = str(int(time.time()) if timestamp is None else timestamp)
-    signature = hmac.new(secret.encode(), t.encode() + b"." + body, hashlib.sha256).hexdigest()
-    return body, {"stripe-signature": f"t={t},v1={signature}", "content-type": "application/json"}
+    return signed(body, Stripe(secret), timestamp=timestamp)
 
 
 def browser_missing() -> str | None:

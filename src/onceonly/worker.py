@@ -26,7 +26,6 @@ import contextlib
 import json
 import logging
 import os
-import random
 import signal
 import socket
 import threading
@@ -40,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from ._exceptions import StoreUnavailable
+from .backoff import backoff
 from .batch import BatchProcessor, Claimed
 from .db import write_lock_of
 from .events import Event, EventStatus
@@ -54,13 +54,6 @@ if TYPE_CHECKING:
 __all__ = ["Claimed", "Worker", "backoff"]
 
 log = logging.getLogger("onceonly.worker")
-
-
-def backoff(attempt: int, *, base: float, cap: float) -> float:
-    """Seconds before retry number `attempt` (1-based): exponential, capped, with
-    jitter between half and all of it so that a burst of failures spreads out."""
-    delay = min(cap, base * 2 ** max(0, attempt - 1))
-    return float(delay * random.uniform(0.5, 1.0))
 
 
 def _event_from_row(row: Any) -> Event:

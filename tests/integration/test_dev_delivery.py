@@ -24,7 +24,7 @@ from onceonly import Onceonly
 from onceonly.db import create_engine
 from onceonly.dev.delivery import Faults, Sender
 from onceonly.dev.gateway import prepare_events, provider_for
-from onceonly.dev.schedules import RetryPolicy
+from onceonly.dev.schedules import DeliverySchedule
 from onceonly.providers import Stripe
 from support import live_server
 
@@ -132,7 +132,7 @@ async def test_lost_acknowledgements_and_injected_timeouts_cause_resends() -> No
 
     slow = ScriptedReceiver(lambda _id, n: (200, 0.1))
     with live_server(slow.app()) as url:
-        short = RetryPolicy("stripe", (60.0, 60.0), timeout=5.0)
+        short = DeliverySchedule("stripe", (60.0, 60.0), timeout=5.0)
         cut = sender("stripe", url, policy=short, speedup=6000, faults=Faults(timeouts=1.0))
         report = await cut.deliver(prepare_events("stripe", 5, seed=5))
     # Every attempt was cut short: the schedule ran out and nothing was acknowledged.

@@ -27,10 +27,10 @@ from onceonly import (
 )
 from onceonly.clients import (
     ApiClient,
+    ApiRetryPolicy,
     AsaasClient,
     MercadoPagoClient,
     PagBankClient,
-    RetryPolicy,
     StripeClient,
     Target,
 )
@@ -40,7 +40,7 @@ from onceonly.providers.mercadopago import MercadoPago
 from onceonly.worker import running
 from support import free_port, live_server
 
-NO_WAIT = RetryPolicy(retries=3, base=0.0)
+NO_WAIT = ApiRetryPolicy(retries=3, base=0.0)
 LEGACY_EMAIL = "seller@example.com"
 
 
@@ -161,7 +161,7 @@ async def test_exhausted_retries_raise_unavailable_without_the_token(
         base_url=url,
         legacy_email=LEGACY_EMAIL,
         legacy_base_url=url,
-        retry=RetryPolicy(retries=2, base=0.0),
+        retry=ApiRetryPolicy(retries=2, base=0.0),
     )
     with caplog.at_level(logging.DEBUG):
         with pytest.raises(ApiUnavailable, match="3 attempts") as caught:
@@ -188,7 +188,7 @@ async def test_a_wrong_token_is_refused_and_not_repeated_back(fake: FakeApi, url
 async def test_a_slow_api_times_out_as_unavailable(fake: FakeApi, url: str) -> None:
     fake.put("mercadopago", "payment", "1", {"id": 1, "status": "approved"})
     fake.slow(2.0, count=2)
-    async with mercadopago(url, timeout=0.2, retry=RetryPolicy(retries=1, base=0.0)) as client:
+    async with mercadopago(url, timeout=0.2, retry=ApiRetryPolicy(retries=1, base=0.0)) as client:
         with pytest.raises(ApiUnavailable, match="2 attempts") as caught:
             await client.retrieve_payment(1)
     assert caught.value.status is None
@@ -196,7 +196,7 @@ async def test_a_slow_api_times_out_as_unavailable(fake: FakeApi, url: str) -> N
 
 
 async def test_an_unreachable_api_is_unavailable() -> None:
-    client = mercadopago(f"http://127.0.0.1:{free_port()}", retry=RetryPolicy(retries=1, base=0))
+    client = mercadopago(f"http://127.0.0.1:{free_port()}", retry=ApiRetryPolicy(retries=1, base=0))
     with pytest.raises(ApiUnavailable, match="ConnectError"):
         await client.retrieve_payment(1)
     await client.aclose()

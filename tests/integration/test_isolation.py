@@ -27,14 +27,10 @@ from onceonly import Onceonly, StoreRejected, create_store
 from onceonly.batching import GroupCommit
 from onceonly.events import NewEvent, Receipt
 from onceonly.providers import Stripe
-from support import STRIPE_SECRET, live_server, stripe_delivery
+from support import STRIPE_SECRET, live_server, signed, stripe_delivery
 
 GENUINE = 400
 STRIPE = Stripe(STRIPE_SECRET)
-
-
-def signed(body: bytes) -> tuple[bytes, dict[str, str]]:
-    return body, {**STRIPE.sign(body), "content-type": "application/json"}
 
 
 #: Each with an id that no engine stores as sent; signed when sent (a

@@ -3,8 +3,6 @@ worker did, on a real SQLite file and a real PostgreSQL."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import time
 from pathlib import Path
 
@@ -16,16 +14,9 @@ from onceonly.context import Context
 from onceonly.providers import Stripe
 from onceonly.store.memory import MemoryStore
 from onceonly.worker import running
-from support import STRIPE_SECRET, live_server, stripe_delivery
+from support import STRIPE_SECRET, live_server, signed, stripe_delivery
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def signed(body: bytes) -> tuple[bytes, dict[str, str]]:
-    """A correctly signed Stripe delivery of an arbitrary body."""
-    t = str(int(time.time()))
-    mac = hmac.new(STRIPE_SECRET.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
-    return body, {"stripe-signature": f"t={t},v1={mac}"}
 
 
 def scrape(url: str) -> Samples:

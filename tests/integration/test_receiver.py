@@ -14,7 +14,7 @@ from starlette.routing import Mount, Route
 
 from onceonly import Onceonly, create_store
 from onceonly.providers import GitHub, Stripe
-from support import STRIPE_SECRET, live_server, stripe_delivery
+from support import STRIPE_SECRET, live_server, signed, stripe_delivery
 
 
 def make_app(database_url: str, *, max_body_bytes: int | None = None) -> Onceonly:
@@ -141,18 +141,9 @@ async def test_rejection_status_is_configurable(database_url: str) -> None:
 async def test_unparseable_or_idless_bodies_are_400_with_a_reason(
     server: str, database_url: str, body: bytes, reason: str
 ) -> None:
-    import hashlib
-    import hmac
-    import time
-
-    t = str(int(time.time()))
-    sig = hmac.new(STRIPE_SECRET.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
+    _, headers = signed(body)
     async with httpx.AsyncClient() as client:
-        response = await client.post(
-            f"{server}/webhooks/stripe",
-            content=body,
-            headers={"stripe-signature": f"t={t},v1={sig}"},
-        )
+        response = await client.post(f"{server}/webhooks/stripe", content=body, headers=headers)
     assert response.status_code == 400
     problem = response.json()
     assert problem["status"] == 400

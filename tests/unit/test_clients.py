@@ -16,10 +16,10 @@ import onceonly.clients
 from onceonly import ConfigurationError, Delivery, Event, EventStatus, NotFetchable, Onceonly
 from onceonly.clients import (
     CLIENT_CLASSES,
+    ApiRetryPolicy,
     AsaasClient,
     MercadoPagoClient,
     PagBankClient,
-    RetryPolicy,
     StripeClient,
     Target,
     clients_from_environ,
@@ -242,7 +242,7 @@ def test_unsafe_or_unexpected_xml_is_refused(xml: bytes, reason: str) -> None:
 
 
 def test_backoff_grows_is_capped_and_jittered() -> None:
-    policy = RetryPolicy(retries=10, base=1.0, cap=4.0)
+    policy = ApiRetryPolicy(retries=10, base=1.0, cap=4.0)
     for _ in range(50):
         assert 0.5 <= (policy.delay(1) or 0) <= 1.0
         assert 2.0 <= (policy.delay(3) or 0) <= 4.0
@@ -250,7 +250,7 @@ def test_backoff_grows_is_capped_and_jittered() -> None:
 
 
 def test_retry_after_is_honoured_up_to_the_limit() -> None:
-    policy = RetryPolicy(max_retry_after=30)
+    policy = ApiRetryPolicy(max_retry_after=30)
     assert policy.delay(1, retry_after=7) == 7
     assert policy.delay(1, retry_after=120) is None  # give up now; the worker retries later
 
@@ -315,7 +315,7 @@ def test_code_configuration_wins_over_the_environment() -> None:
         (lambda: StripeClient("x", base_url="api.stripe.com"), "http:// or https://"),
         (lambda: StripeClient("x", timeout=0), "timeout"),
         (lambda: PagBankClient(legacy_email="s@example.com"), "legacy_token"),
-        (lambda: RetryPolicy(retries=-1), "retries"),
+        (lambda: ApiRetryPolicy(retries=-1), "retries"),
     ],
 )
 def test_bad_client_settings_are_refused(build: Any, message: str) -> None:

@@ -1,5 +1,9 @@
 """Clients for the payment providers' APIs: the payload is a hint, the API is the truth.
 
+Each client lives in its provider's folder (``onceonly/providers/<name>/client.py``,
+on the base in :mod:`onceonly.providers.client`); this package is where they
+are imported from and configured.
+
 Each client reads the object an event points to (``client.fetch(event)``), with
 timeouts, retries with backoff on 5xx/429/network errors, and errors translated
 into :class:`~onceonly.ApiError` / :class:`~onceonly.ApiUnavailable`. Inside a
@@ -22,16 +26,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..providers import Provider
-from .asaas import AsaasClient
-from .base import ApiClient, RetryPolicy, Target
-from .mercadopago import MercadoPagoClient
-from .pagbank import PagBankClient
-from .stripe import StripeClient
+from ..providers import PROVIDER_CLASSES, Provider
+from ..providers.asaas.client import AsaasClient
+from ..providers.client import ApiClient, ApiRetryPolicy, RetryPolicy, Target
+from ..providers.folder import companion
+from ..providers.mercadopago.client import MercadoPagoClient
+from ..providers.pagbank.client import PagBankClient
+from ..providers.stripe.client import StripeClient
 
 __all__ = [
     "CLIENT_CLASSES",
     "ApiClient",
+    "ApiRetryPolicy",
     "AsaasClient",
     "MercadoPagoClient",
     "PagBankClient",
@@ -41,10 +47,28 @@ __all__ = [
     "clients_from_environ",
 ]
 
+
+def _client_classes() -> dict[str, type[ApiClient]]:
+    # Each provider's client is the ApiClient of its name defined in the
+    # client.py beside its verifier: a new provider folder needs no line here.
+    found: dict[str, type[ApiClient]] = {}
+    for provider in PROVIDER_CLASSES.values():
+        module = companion(provider, "client")
+        if module is None:
+            continue
+        for value in vars(module).values():
+            if (
+                isinstance(value, type)
+                and issubclass(value, ApiClient)
+                and value.__module__ == module.__name__
+                and value.name == provider.name
+            ):
+                found[provider.name] = value
+    return found
+
+
 #: Provider name -> its API client class.
-CLIENT_CLASSES: dict[str, type[ApiClient]] = {
-    cls.name: cls for cls in (StripeClient, MercadoPagoClient, AsaasClient, PagBankClient)
-}
+CLIENT_CLASSES: dict[str, type[ApiClient]] = _client_classes()
 
 
 def clients_from_environ(

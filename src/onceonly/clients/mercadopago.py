@@ -1,86 +1,8 @@
-"""Mercado Pago: ``GET /v1/payments/{id}`` with the access token as Bearer.
-
-A notification points to a payment by ``data.id``. Where it comes from, in
-order of trust: the query string of the notification URL (``?data.id=...``;
-it is what the ``x-signature`` covers, stored with the event as the
-``onceonly-query`` header), the legacy IPN query (``?topic=payment&id=...``),
-then the body (``data.id``, or an IPN feed's ``resource``). The body is never
-signed, so for a signed notification the query wins when both are present.
-Unsigned notifications (QR code, IPN) accepted with ``unsigned="fetch"`` are
-triggers only: the payment fetched here is the only thing to act on.
-
-A notification about something else (``merchant_order``, ``subscription_...``)
-raises :class:`~onceonly.NotFetchable` rather than reading a payment with an
-unrelated id.
-"""
+"""MercadoPago's API client, kept at its first import path (it lives in
+:mod:`onceonly.providers.mercadopago.client`)."""
 
 from __future__ import annotations
 
-from typing import Any
-from urllib.parse import parse_qsl
-
-from .._exceptions import NotFetchable
-from ..events import Event
-from ..providers.base import lookup
-from .base import ApiClient, Target, body_json, path_id, safe_id
+from ..providers.mercadopago.client import MercadoPagoClient
 
 __all__ = ["MercadoPagoClient"]
-
-#: Where the mercadopago provider keeps the notification's query string.
-QUERY_HEADER = "onceonly-query"
-
-
-def _topic(value: Any) -> str | None:
-    """``payment`` from ``payment`` or ``payment.updated``."""
-    if not isinstance(value, str) or not value:
-        return None
-    return value.split(".", 1)[0]
-
-
-class MercadoPagoClient(ApiClient):
-    """Reads payments from Mercado Pago's API (base ``https://api.mercadopago.com``)."""
-
-    name = "mercadopago"
-    default_base_url = "https://api.mercadopago.com"
-    kinds = ("payment",)
-
-    def target(self, event: Event, kind: str | None = None) -> Target:
-        kind = self.kind_or_default(kind)
-        query = dict(parse_qsl(event.headers.get(QUERY_HEADER, "")))
-        body = body_json(event)
-        topic = (
-            _topic(query.get("type"))
-            or _topic(query.get("topic"))
-            or _topic(body.get("type"))
-            or _topic(body.get("topic"))
-            or _topic(body.get("action"))
-        )
-        if topic is not None and topic != "payment":
-            raise NotFetchable(
-                f"Mercado Pago notification {event.event_id} is about a {topic!r}, not a payment"
-            )
-        candidates: list[tuple[Any, str]] = [
-            (query.get("data.id"), "query data.id"),
-            (query.get("id"), "query id"),
-            (lookup(body, "data.id"), "body data.id"),
-            (_resource_id(body.get("resource")), "body resource"),
-        ]
-        for value, where in candidates:
-            if value not in (None, ""):
-                return Target(kind, safe_id(value, f"Mercado Pago {where}"))
-        raise NotFetchable(f"Mercado Pago notification {event.event_id} names no payment")
-
-    async def get(self, target: Target) -> dict[str, Any]:
-        self.kind_or_default(target.kind)
-        return await self.get_json(f"/v1/payments/{path_id(target.id)}")
-
-    async def retrieve_payment(self, payment_id: str | int) -> dict[str, Any]:
-        """``GET /v1/payments/{payment_id}``."""
-        return await self.get(Target("payment", safe_id(payment_id, "payment id")))
-
-
-def _resource_id(resource: Any) -> Any:
-    """An IPN feed's ``resource`` is an id or a URL ending in one."""
-    if isinstance(resource, str) and "/" in resource:
-        return resource.rstrip("/").rsplit("/", 1)[-1]
-    return resource

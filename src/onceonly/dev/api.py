@@ -20,21 +20,21 @@ legacy PagSeguro lookup answers XML (``<transaction>`` built from the stored
 dict); the others answer JSON. Unknown objects get the provider's kind of 404,
 a wrong credential its kind of 401.
 
-This module imports nothing from the rest of :mod:`onceonly.dev`; it is an
-ASGI app (Starlette) that any server can run.
+The paths, credentials and answers come from each provider's profile
+(``onceonly/providers/<name>/profile.py``, through
+:mod:`onceonly.dev.profiles`); this module holds no provider of its own. It
+is an ASGI app (Starlette) that any server can run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import hmac
 import json
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from xml.etree.ElementTree import Element, SubElement, tostring
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -42,16 +42,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from ..providers.profile import ApiAnswer, DevProfile
+from .profiles import profile_for, profiles
+
 __all__ = ["DEFAULT_TOKEN", "KINDS", "ApiRequest", "FakeApi"]
 
 #: The credential every provider accepts unless told otherwise.
 DEFAULT_TOKEN = "onceonly-dev-token"
 #: Provider -> the kinds of object the fake serves for it.
 KINDS: dict[str, tuple[str, ...]] = {
-    "stripe": ("event", "payment_intent"),
-    "mercadopago": ("payment",),
-    "asaas": ("payment",),
-    "pagbank": ("order", "charge", "notification"),
+    route: profile.kinds for route, profile in profiles().items() if profile.routes
 }
 
 
@@ -74,51 +74,17 @@ class _Fault:
     delay: float = 0.0
 
 
-def _not_found(provider: str, kind: str, object_id: str) -> Response:
-    # Shaped like each provider's own error answer (in our words).
-    label = kind.replace("_", " ")
-    if provider == "stripe":
-        body: Any = {
-            "error": {
-                "type": "invalid_request_error",
-                "code": "resource_missing",
-                "message": f"No such {label}: '{object_id}'",
-            }
-        }
-    elif provider == "mercadopago":
-        body = {"message": f"{label} not found", "error": "not_found", "status": 404, "cause": []}
-    elif provider == "asaas":
-        body = {"errors": [{"code": "not_found", "description": f"{label} not found"}]}
-    elif kind == "notification":
-        xml = b"<errors><error><code>404</code><message>Not Found</message></error></errors>"
-        return Response(xml, 404, media_type="application/xml")
-    else:
-        body = {"error_messages": [{"code": "40004", "description": f"{label} not found"}]}
-    return JSONResponse(body, 404)
+def _profile(provider: str) -> DevProfile:
+    # Only providers with a profile have paths or objects here (see _key).
+    profile = profile_for(provider)
+    assert profile is not None, provider
+    return profile
 
 
-def _unauthorized(provider: str, kind: str) -> Response:
-    if kind == "notification":
-        return Response("Unauthorized", 401, media_type="text/plain")
-    message = "invalid credentials"
-    if provider == "stripe":
-        return JSONResponse({"error": {"type": "invalid_request_error", "message": message}}, 401)
-    if provider == "asaas":
-        return JSONResponse(
-            {"errors": [{"code": "invalid_access_token", "description": message}]}, 401
-        )
-    return JSONResponse({"message": message, "error": "unauthorized", "status": 401}, 401)
-
-
-def _xml(tag: str, value: Any, parent: Element | None = None) -> Element:
-    element = Element(tag) if parent is None else SubElement(parent, tag)
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            for one in item if isinstance(item, list) else [item]:
-                _xml(str(key), one, element)
-    elif value is not None:
-        element.text = str(value)
-    return element
+def _response(answer: ApiAnswer) -> Response:
+    if answer.content is not None:
+        return Response(answer.content, answer.status, media_type=answer.media_type)
+    return JSONResponse(answer.data, answer.status)
 
 
 class FakeApi:
@@ -169,16 +135,9 @@ class FakeApi:
         # still on its way) belongs to the past and is not recorded after it.
         self._generation = 0
         routes = [
-            Route("/v1/events/{object_id}", self._endpoint("stripe", "event")),
-            Route("/v1/payment_intents/{object_id}", self._endpoint("stripe", "payment_intent")),
-            Route("/v1/payments/{object_id}", self._endpoint("mercadopago", "payment")),
-            Route("/v3/payments/{object_id}", self._endpoint("asaas", "payment")),
-            Route("/orders/{object_id}", self._endpoint("pagbank", "order")),
-            Route("/charges/{object_id}", self._endpoint("pagbank", "charge")),
-            Route(
-                "/v3/transactions/notifications/{object_id}",
-                self._endpoint("pagbank", "notification"),
-            ),
+            Route(route.path, self._endpoint(name, route.kind))
+            for name, profile in profiles().items()
+            for route in profile.routes
         ]
         if admin:
             routes += [
@@ -198,8 +157,9 @@ class FakeApi:
 
     @staticmethod
     def _key(provider: str, kind: str, object_id: str | int) -> tuple[str, str, str]:
-        if kind not in KINDS.get(provider, ()):
-            known = ", ".join(f"{p}/{k}" for p, ks in KINDS.items() for k in ks)
+        profile = profile_for(provider)
+        if profile is None or kind not in profile.kinds:
+            known = ", ".join(f"{p}/{k}" for p, pr in profiles().items() for k in pr.kinds)
             raise ValueError(f"the fake API serves no {provider}/{kind} (it serves {known})")
         return provider, kind, str(object_id)
 
@@ -237,13 +197,7 @@ class FakeApi:
         that of ``data.object``, the object the event carries)."""
         key = self._key(provider, kind, object_id)
         with self._lock:
-            obj = self._objects[key]
-            if kind == "event" and isinstance(obj.get("data"), dict):
-                nested = obj["data"].get("object")
-                if isinstance(nested, dict):
-                    nested["status"] = status
-                    return
-            obj["status"] = status
+            _profile(provider).set_status(kind, self._objects[key], status)
 
     def clear(self) -> None:
         """Forget every object, fault and recorded request (including the ones
@@ -352,18 +306,9 @@ class FakeApi:
     # Serving.
 
     def _authorized(self, request: Request, provider: str, kind: str) -> bool:
-        expected = self.token_for(provider)
-        if kind == "notification":
-            given = request.query_params.get("token", "")
-            email_ok = request.query_params.get("email", "") == self.legacy_email
-            return email_ok & hmac.compare_digest(given.encode(), expected.encode())
-        if provider == "asaas":
-            given = request.headers.get("access_token", "")
-        else:
-            scheme, _, given = request.headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer":
-                return False
-        return hmac.compare_digest(given.strip().encode(), expected.encode())
+        return _profile(provider).authorized(
+            kind, request.headers, request.query_params, self.token_for(provider), self.legacy_email
+        )
 
     def _endpoint(self, provider: str, kind: str) -> Any:
         async def endpoint(request: Request) -> Response:
@@ -399,15 +344,13 @@ class FakeApi:
                 failure.status,
                 headers=headers,
             )
+        profile = _profile(provider)
         if not self._authorized(request, provider, kind):
-            return _unauthorized(provider, kind)
+            return _response(profile.unauthorized(kind))
         obj = self.get(provider, kind, object_id)
         if obj is None:
-            return _not_found(provider, kind, object_id)
-        if kind == "notification":
-            xml = tostring(_xml("transaction", obj), encoding="utf-8", xml_declaration=True)
-            return Response(xml, 200, media_type="application/xml")
-        return JSONResponse(obj)
+            return _response(profile.not_found(kind, object_id))
+        return _response(profile.render(kind, obj))
 
     async def _admin(self, request: Request) -> Response:
         provider, kind, object_id = (

@@ -3,7 +3,7 @@
 A :class:`Sender` posts each :class:`Outgoing` event to a receiver URL, signed by
 the provider's own :meth:`~onceonly.providers.Provider.sign` (a fresh signature
 per attempt, as senders that sign a timestamp do), and follows the provider's
-:class:`~onceonly.dev.schedules.RetryPolicy`: a timeout, a connection error or
+:class:`~onceonly.dev.schedules.DeliverySchedule`: a timeout, a connection error or
 an answer the provider does not count as success means another attempt after
 the next delay of its schedule. Delays and timeouts are divided by `speedup`,
 so three days of Stripe retries fit in a test.
@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 import httpx
 
 from ..providers import Provider
-from .schedules import RetryPolicy, Verdict, decide, policy_for
+from ..providers.profile import DeliverySchedule, Outgoing
+from .schedules import Verdict, decide, policy_for
 
 __all__ = [
     "Answer",
@@ -51,22 +52,6 @@ __all__ = [
 
 #: An injected timeout stops waiting after this many seconds, at random.
 INJECTED_TIMEOUT = (0.002, 0.03)
-
-
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    """One event to deliver.
-
-    `headers` are sent as they are, besides the signature headers (an event
-    type header, for instance). `delivery_id` stays the same on every retry of
-    this event, as the senders that put an id in a header keep it.
-    """
-
-    event_id: str
-    body: bytes
-    headers: Mapping[str, str] = field(default_factory=dict)
-    query: Mapping[str, str] = field(default_factory=dict)
-    delivery_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +174,7 @@ class Sender:
         provider: Provider,
         url: str,
         *,
-        policy: RetryPolicy | None = None,
+        policy: DeliverySchedule | None = None,
         speedup: float = 1.0,
         timeout: float | None = None,
         min_timeout: float = 1.0,

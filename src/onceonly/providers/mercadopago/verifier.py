@@ -45,9 +45,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlencode
 
-from .._exceptions import PayloadError
-from ..events import Delivery, EventInfo
-from .base import (
+from ..._exceptions import PayloadError
+from ...events import Delivery, EventInfo
+from ..base import (
     UNVERIFIED,
     Clock,
     TimestampedProvider,

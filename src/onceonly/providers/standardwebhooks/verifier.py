@@ -19,9 +19,9 @@ import binascii
 import time
 from collections.abc import Mapping, Sequence
 
-from .._exceptions import ConfigurationError
-from ..events import Delivery, EventInfo
-from .base import (
+from ..._exceptions import ConfigurationError
+from ...events import Delivery, EventInfo
+from ..base import (
     Clock,
     TimestampedProvider,
     any_match,

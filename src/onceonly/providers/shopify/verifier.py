@@ -34,9 +34,9 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Literal
 
-from .._exceptions import ConfigurationError
-from ..events import Delivery, EventInfo
-from .base import (
+from ..._exceptions import ConfigurationError
+from ...events import Delivery, EventInfo
+from ..base import (
     TYPE_SIGNED_HEADER,
     Provider,
     any_match,

@@ -31,8 +31,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qs
 
-from ..events import Delivery, EventInfo
-from .base import (
+from ...events import Delivery, EventInfo
+from ..base import (
     UNVERIFIED,
     Provider,
     UnsignedPolicy,

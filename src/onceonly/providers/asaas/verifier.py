@@ -17,8 +17,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
-from ..events import Delivery, EventInfo
-from .base import Provider, any_match, as_event_id, json_object, optional_text
+from ...events import Delivery, EventInfo
+from ..base import Provider, any_match, as_event_id, json_object, optional_text
 
 __all__ = ["Asaas"]
 

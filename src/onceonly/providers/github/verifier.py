@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..events import Delivery, EventInfo
-from .base import (
+from ...events import Delivery, EventInfo
+from ..base import (
     TYPE_SIGNED_HEADER,
     Provider,
     any_match,

@@ -16,9 +16,9 @@ import base64
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Self
 
-from .._exceptions import ConfigurationError
-from ..events import Delivery, EventInfo
-from .base import (
+from ..._exceptions import ConfigurationError
+from ...events import Delivery, EventInfo
+from ..base import (
     Provider,
     any_match,
     as_event_id,

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..events import Delivery, EventInfo
-from .base import (
+from ...events import Delivery, EventInfo
+from ..base import (
     TimestampedProvider,
     any_match,
     as_event_id,

@@ -1,0 +1,8 @@
+"""The HMAC provider: ``verifier.py`` checks its deliveries
+and ``profile.py`` plays it in ``onceonly dev`` (see :mod:`onceonly.providers`)."""
+
+from __future__ import annotations
+
+from .verifier import HMAC
+
+__all__ = ["HMAC"]

@@ -1,0 +1,60 @@
+"""Stripe: ``GET /v1/events/{id}`` and ``GET /v1/payment_intents/{id}``.
+
+Authenticated with the secret key as a Bearer token (``sk_live_...``,
+``sk_test_...``, or a restricted ``rk_...`` key with read access to events and
+payment intents). By default an event points to itself: the event as Stripe's
+API has it, which a forged body cannot fake. ``fetch(event, "payment_intent")``
+reads the payment intent the event is about: ``data.object`` when it is one,
+else its ``payment_intent`` field (a charge, a refund, a dispute...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..._exceptions import NotFetchable
+from ...events import Event
+from ..base import lookup
+from ..client import ApiClient, Target, body_json, path_id, safe_id
+
+__all__ = ["StripeClient"]
+
+_PATHS = {"event": "/v1/events/{}", "payment_intent": "/v1/payment_intents/{}"}
+
+
+class StripeClient(ApiClient):
+    """Reads events and payment intents from Stripe's API (base ``https://api.stripe.com``)."""
+
+    name = "stripe"
+    default_base_url = "https://api.stripe.com"
+    kinds = ("event", "payment_intent")
+
+    def target(self, event: Event, kind: str | None = None) -> Target:
+        kind = self.kind_or_default(kind)
+        if kind == "event":
+            return Target("event", safe_id(event.event_id, "the Stripe event id"))
+        obj = lookup(body_json(event), "data.object")
+        if not isinstance(obj, dict):
+            raise NotFetchable(f"Stripe event {event.event_id} has no data.object")
+        if obj.get("object") == "payment_intent":
+            return Target(kind, safe_id(obj.get("id"), "data.object.id"))
+        reference = obj.get("payment_intent")
+        if isinstance(reference, dict):  # expanded
+            reference = reference.get("id")
+        if reference is None:
+            raise NotFetchable(
+                f"Stripe event {event.event_id} ({obj.get('object')}) names no payment intent"
+            )
+        return Target(kind, safe_id(reference, "data.object.payment_intent"))
+
+    async def get(self, target: Target) -> dict[str, Any]:
+        path = _PATHS[self.kind_or_default(target.kind)]
+        return await self.get_json(path.format(path_id(target.id)))
+
+    async def retrieve_event(self, event_id: str) -> dict[str, Any]:
+        """``GET /v1/events/{event_id}``."""
+        return await self.get(Target("event", safe_id(event_id, "event id")))
+
+    async def retrieve_payment_intent(self, intent_id: str) -> dict[str, Any]:
+        """``GET /v1/payment_intents/{intent_id}``."""
+        return await self.get(Target("payment_intent", safe_id(intent_id, "payment intent id")))
