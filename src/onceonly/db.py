@@ -63,7 +63,8 @@ def create_engine(url: str, *, pool_size: int = 10, write_turns: bool = True) ->
     # store's (pragmas, and no transaction of pysqlite's own: the "begin"
     # event below issues BEGIN IMMEDIATE instead).
     engine = sa.create_engine(
-        "sqlite+pysqlite://",
+        # The URL only names the file (connections come from the creator).
+        f"sqlite+pysqlite:///{path}",
         creator=lambda: connect(path, busy_ms),
         poolclass=sa.pool.QueuePool,
         pool_size=pool_size,

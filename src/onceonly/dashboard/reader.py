@@ -164,7 +164,7 @@ class EventReader:
 
                 url = DatabaseURL.parse(self.app.database_url)
                 self._engine = sa.create_engine(
-                    "sqlite+pysqlite://",
+                    f"sqlite+pysqlite:///{url.path}",
                     creator=lambda: connect(url.path, url.busy_timeout_ms),
                     poolclass=sa.pool.NullPool,
                     isolation_level="AUTOCOMMIT",
