@@ -4,6 +4,8 @@ The hierarchy::
 
     OnceonlyError
     ├── ConfigurationError       bad settings, unknown provider class, bad URL
+    │   └── ImportSetupError     file, table, key and import options cannot work together
+    │       └── FileFormatError  the file cannot be read as CSV or XLSX
     ├── DeliveryRejected         a webhook delivery that must not be stored
     │   ├── SignatureError       missing, malformed or wrong signature; stale timestamp
     │   ├── PayloadError         body not parseable, no event id
@@ -17,7 +19,19 @@ The hierarchy::
     ├── PayloadPurged            replay of an event whose payload `purge` dropped
     ├── ApiError                 a provider's API answered with an error (4xx, bad body)
     │   └── ApiUnavailable       its API cannot be reached or kept failing (retry later)
-    └── NotFetchable             the event names no object of the kind asked for
+    ├── NotFetchable             the event names no object of the kind asked for
+    ├── EffectError              an effect's outcome cannot be recorded (not JSON)
+    ├── LeaseLost                another worker owns the event now
+    ├── JobInProgress            another live caller runs this job key now
+    ├── JobConflict              the job key was recorded for other arguments
+    ├── InvalidKey               an Idempotency-Key header that is no usable key (a ValueError too)
+    └── InvalidValue             an imported value that cannot be a key or fit its column
+                                 (a ValueError too)
+
+Every class is defined here and nowhere else; the modules that raise them
+(guard, context, worker, idempotency.keys, importer.errors) import them from
+here and keep their old names importable. This module imports nothing from
+onceonly, so any module can import it without an import cycle.
 
 Driver exceptions (sqlite3, asyncpg) never cross the store adapters: each adapter
 translates them, so the receiver can answer 503 for "try again" without knowing
@@ -33,7 +47,15 @@ __all__ = [
     "BodyTooLarge",
     "ConfigurationError",
     "DeliveryRejected",
+    "EffectError",
+    "FileFormatError",
     "HeadersTooLarge",
+    "ImportSetupError",
+    "InvalidKey",
+    "InvalidValue",
+    "JobConflict",
+    "JobInProgress",
+    "LeaseLost",
     "NotFetchable",
     "OnceonlyError",
     "PayloadError",
@@ -158,3 +180,42 @@ class ApiUnavailable(ApiError):
 class NotFetchable(OnceonlyError):
     """``ctx.fetch(kind)`` on an event that names no object of that kind, or
     whose id cannot be a real one (it is never sent to the API)."""
+
+
+class ImportSetupError(ConfigurationError):
+    """The import cannot start: no such table, a key without a unique
+    constraint, a header that maps nowhere, a NOT NULL column the file lacks."""
+
+
+class FileFormatError(ImportSetupError):
+    """The file is not a CSV or XLSX we can read (an old .xls, an unknown
+    encoding, no header row)."""
+
+
+class InvalidValue(OnceonlyError, ValueError):
+    """One cell that cannot go into its column. The message is the reason a
+    person reads next to the line number, so it names the problem, not the code."""
+
+
+class EffectError(OnceonlyError):
+    """An effect's outcome could not be recorded (it must be JSON-serialisable)."""
+
+
+class LeaseLost(OnceonlyError):
+    """Another worker owns the event now; this one must not commit anything."""
+
+
+class JobInProgress(OnceonlyError):
+    """Another live caller is running this key now; retry later."""
+
+
+class JobConflict(OnceonlyError):
+    """The key was recorded for a call with other arguments: answering with that
+    call's result would be wrong, and running again would break the key's promise."""
+
+
+class InvalidKey(OnceonlyError, ValueError):
+    """The header is present but is not a usable key.
+
+    Also a ValueError, as it was before it joined onceonly's root, so code that
+    catches ``ValueError`` around :func:`~onceonly.idempotency.parse_key` still works."""

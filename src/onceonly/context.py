@@ -42,7 +42,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from ._exceptions import ConfigurationError, OnceonlyError
+from ._exceptions import ConfigurationError, EffectError
 from .clients import ApiClient, Target
 from .events import Event
 from .ledger import EffectLedger
@@ -52,10 +52,6 @@ from .queries import Queries
 __all__ = ["AttemptServices", "Context", "EffectError", "HandlerSavepoints", "effect_key"]
 
 T = TypeVar("T")
-
-
-class EffectError(OnceonlyError):
-    """An effect's outcome could not be recorded (it must be JSON-serialisable)."""
 
 
 def effect_key(provider: str, event_id: str, name: str) -> str:

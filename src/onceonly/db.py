@@ -14,16 +14,15 @@ is locked", whatever the timeout).
 
 from __future__ import annotations
 
-import sqlite3
 import weakref
 from typing import Any
-from urllib.parse import parse_qs, quote
+from urllib.parse import quote
 
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from ._exceptions import ConfigurationError
-from .store.sqlite import wal_mode
+from .store.sqlite import connect
+from .store.url import DatabaseURL
 from .store.write_lock import WriteLock
 
 __all__ = ["create_engine", "engine_kind", "write_lock_of"]
@@ -38,12 +37,8 @@ def write_lock_of(engine: sa.Engine) -> WriteLock | None:
 
 
 def engine_kind(url: str) -> str:
-    scheme = url.partition("://")[0].split("+", 1)[0].lower()
-    if scheme == "sqlite":
-        return "sqlite"
-    if scheme in ("postgresql", "postgres"):
-        return "postgresql"
-    raise ConfigurationError(f"unsupported database URL scheme {scheme!r}")
+    """``"sqlite"`` or ``"postgresql"`` for an onceonly database URL."""
+    return DatabaseURL.parse(url).kind
 
 
 def create_engine(url: str, *, pool_size: int = 10, write_turns: bool = True) -> sa.Engine:
@@ -53,37 +48,28 @@ def create_engine(url: str, *, pool_size: int = 10, write_turns: bool = True) ->
     (:mod:`onceonly.store.write_lock`); without it, SQLite's busy handler
     decides, which suits a file that only short transactions of the workers
     write (the effect ledger's)."""
-    kind = engine_kind(url)
-    rest = url.partition("://")[2]
-    if kind == "postgresql":
+    parsed = DatabaseURL.parse(url)
+    if parsed.kind == "postgresql":
         pg = sa.create_engine(
-            "postgresql+psycopg://" + _hosts_as_query(rest),
+            "postgresql+psycopg://" + _hosts_as_query(parsed.rest),
             pool_size=pool_size,
             max_overflow=pool_size,
             pool_pre_ping=True,
         )
         sa.event.listen(pg, "handle_error", _demoted_is_disconnected)
         return pg
-    path, _, query = rest.partition("?")
-    path = path[1:] if path.startswith("/") else path
-    busy_ms = int(parse_qs(query).get("busy_timeout", ["5000"])[0])
+    path, busy_ms = parsed.path, parsed.busy_timeout_ms
+    # Connections come from store.sqlite.connect, set up exactly like the
+    # store's (pragmas, and no transaction of pysqlite's own: the "begin"
+    # event below issues BEGIN IMMEDIATE instead).
     engine = sa.create_engine(
+        # The URL only names the file (connections come from the creator).
         f"sqlite+pysqlite:///{path}",
+        creator=lambda: connect(path, busy_ms),
         poolclass=sa.pool.QueuePool,
         pool_size=pool_size,
         max_overflow=pool_size,
-        connect_args={"check_same_thread": False, "timeout": busy_ms / 1000},
     )
-
-    @event.listens_for(engine, "connect")
-    def _connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
-        # Take transaction control away from pysqlite: SQLAlchemy's "begin"
-        # event below issues BEGIN IMMEDIATE instead.
-        dbapi_connection.isolation_level = None
-        dbapi_connection.execute(f"PRAGMA busy_timeout = {busy_ms}")
-        wal_mode(dbapi_connection, busy_ms)
-        dbapi_connection.execute("PRAGMA synchronous = FULL")
-        dbapi_connection.execute("PRAGMA foreign_keys = ON")
 
     write_lock = WriteLock.of(path)
     _write_locks[engine] = write_lock
@@ -119,7 +105,7 @@ def create_engine(url: str, *, pool_size: int = 10, write_turns: bool = True) ->
         write_lock.end(connection.info)
 
     @event.listens_for(engine, "checkin")
-    def _checkin(_dbapi_connection: sqlite3.Connection, record: Any) -> None:
+    def _checkin(_dbapi_connection: Any, record: Any) -> None:
         write_lock.end(record.info)
 
     return engine

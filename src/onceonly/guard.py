@@ -59,7 +59,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 import sqlalchemy as sa
 
-from ._exceptions import OnceonlyError
+from ._exceptions import JobConflict, JobInProgress
 from .db import create_engine, engine_kind
 from .queries import QUERIES
 from .store import migrate_blocking
@@ -71,15 +71,6 @@ T = TypeVar("T")
 
 #: How long a finished key is remembered by default: 30 days.
 DEFAULT_TTL = 30 * 86400.0
-
-
-class JobInProgress(OnceonlyError):
-    """Another live caller is running this key now; retry later."""
-
-
-class JobConflict(OnceonlyError):
-    """The key was recorded for a call with other arguments: answering with that
-    call's result would be wrong, and running again would break the key's promise."""
 
 
 def fingerprint_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:

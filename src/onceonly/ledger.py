@@ -26,6 +26,7 @@ import sqlalchemy as sa
 
 from .db import create_engine, engine_kind
 from .queries import QUERIES
+from .store.url import DatabaseURL
 
 __all__ = ["EffectLedger", "effects_url"]
 
@@ -43,10 +44,7 @@ _SQLITE_TABLE = """
 
 def effects_url(database_url: str) -> str:
     """The database URL that holds the effect records of `database_url`."""
-    if engine_kind(database_url) != "sqlite":
-        return database_url
-    path, sep, query = database_url.partition("?")
-    return f"{path}-effects{sep}{query}"
+    return DatabaseURL.parse(database_url).sibling("-effects").url
 
 
 class EffectLedger:

@@ -11,9 +11,16 @@ from ._exceptions import PayloadPurged
 from .events import EventStatus
 from .queries import QUERIES
 
-__all__ = ["Attempt", "attempts_of", "replay"]
+__all__ = ["DASHBOARD_REPLAYABLE", "REPLAYABLE", "Attempt", "attempts_of", "replay"]
 
+#: What :func:`replay` (and ``onceonly events replay``) puts back in line: every
+#: finished event. Pending and processing events are in line already. The
+#: replay statement in queries.py lists the same statuses (a test holds them equal).
 REPLAYABLE = (EventStatus.FAILED, EventStatus.DEAD, EventStatus.PROCESSED)
+#: The part of it the dashboard's Replay buttons offer (status values, as its
+#: rows carry them): replaying a processed event runs its handler a second
+#: time, which stays a deliberate command-line action (docs/dashboard.md).
+DASHBOARD_REPLAYABLE = (EventStatus.FAILED.value, EventStatus.DEAD.value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from ._exceptions import StoreUnavailable
+from ._exceptions import LeaseLost, StoreUnavailable
 from .backoff import backoff
 from .batch import BatchProcessor, Claimed
 from .db import write_lock_of
@@ -51,7 +51,7 @@ from .store import migrate_blocking
 if TYPE_CHECKING:
     from .config import Onceonly
 
-__all__ = ["Claimed", "Worker", "backoff"]
+__all__ = ["Claimed", "LeaseLost", "Worker", "backoff"]
 
 log = logging.getLogger("onceonly.worker")
 

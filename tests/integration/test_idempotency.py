@@ -291,6 +291,23 @@ async def test_expired_keys_run_again_and_purge_forgets_them(shop: Shop, databas
     await store.close()
 
 
+async def test_purging_an_expired_record_drops_its_response_chunks(database_url: str) -> None:
+    # The chunks reference their record ON DELETE CASCADE; on SQLite the
+    # cascade only happens on a connection with foreign_keys on, and the key
+    # store once purged through one without it, leaving the chunks behind.
+    store = create_store(database_url)
+    keys = key_store_for(store)
+    now = time.time()
+    (claimed,) = await keys.claim([KeyClaim("c", "big", "fp")], now=now, lock_seconds=10, ttl=1)
+    await keys.append_chunks("c", "big", claimed.fence, 0, [b"one", b"two"])
+    response = StoredResponse(200, (), None)
+    assert await keys.complete([Completion("c", "big", claimed.fence, response)], now=now) == [True]
+    assert await keys.read_chunks("c", "big", claimed.fence, 0, 10) == [b"one", b"two"]
+    assert await keys.purge(now=now + 2) == 1
+    assert await keys.read_chunks("c", "big", claimed.fence, 0, 10) == []
+    await store.close()
+
+
 async def test_a_stale_owner_cannot_overwrite_a_newer_one(database_url: str) -> None:
     store = create_store(database_url)
     keys = key_store_for(store)

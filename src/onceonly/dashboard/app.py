@@ -25,7 +25,7 @@ from starlette.routing import Route, Router
 from .. import __version__
 from ..asgi import Message, Receive, Scope, Send
 from ..events import EventStatus
-from ..operations import replay
+from ..operations import DASHBOARD_REPLAYABLE, replay
 from .access import COOKIE_NAME, Access
 from .reader import STATUSES, EventReader, format_time
 from .redaction import Redactor
@@ -38,9 +38,9 @@ __all__ = ["Dashboard"]
 
 log = logging.getLogger("onceonly.dashboard")
 
-#: Statuses an operator may replay from the dashboard. Replaying a processed
-#: event runs its handler again: that stays a deliberate CLI command.
-REPLAYABLE = (EventStatus.FAILED.value, EventStatus.DEAD.value)
+#: Statuses an operator may replay from the dashboard (defined with the
+#: command line's in operations.py).
+REPLAYABLE = DASHBOARD_REPLAYABLE
 PAGE_SIZE = 50
 #: The largest row id (BIGINT, and SQLite's INTEGER).
 _MAX_ID = 2**63 - 1

@@ -157,18 +157,17 @@ class EventReader:
             if self.kind == "postgresql":
                 self._engine = self.app.engine
             else:
-                from ..store.sqlite import SQLiteStore
+                # Its own connections, opened like every other (pragmas and
+                # all): pages read while the worker holds the pool's.
+                from ..store.sqlite import connect
+                from ..store.url import DatabaseURL
 
-                store = self.app.store
-                assert isinstance(store, SQLiteStore)
+                url = DatabaseURL.parse(self.app.database_url)
                 self._engine = sa.create_engine(
-                    f"sqlite+pysqlite:///{store.path}",
+                    f"sqlite+pysqlite:///{url.path}",
+                    creator=lambda: connect(url.path, url.busy_timeout_ms),
                     poolclass=sa.pool.NullPool,
                     isolation_level="AUTOCOMMIT",
-                    connect_args={
-                        "check_same_thread": False,
-                        "timeout": store.busy_timeout_ms / 1000,
-                    },
                 )
         return self._engine
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 
+from .._exceptions import InvalidKey
+
 __all__ = [
     "ClientScope",
     "HeaderScope",
@@ -16,10 +18,6 @@ __all__ = [
 ]
 
 MAX_KEY_LENGTH = 255
-
-
-class InvalidKey(ValueError):
-    """The header is present but is not a usable key."""
 
 
 def parse_key(raw: str) -> str:

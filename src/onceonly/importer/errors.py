@@ -16,21 +16,8 @@ normalising functions (``normalize_cpf``...) raise it directly.
 
 from __future__ import annotations
 
-from .._exceptions import ConfigurationError, OnceonlyError
+# The classes live in onceonly._exceptions, the one exceptions module; this
+# module keeps their old import path.
+from .._exceptions import FileFormatError, ImportSetupError, InvalidValue
 
 __all__ = ["FileFormatError", "ImportSetupError", "InvalidValue"]
-
-
-class ImportSetupError(ConfigurationError):
-    """The import cannot start: no such table, a key without a unique
-    constraint, a header that maps nowhere, a NOT NULL column the file lacks."""
-
-
-class FileFormatError(ImportSetupError):
-    """The file is not a CSV or XLSX we can read (an old .xls, an unknown
-    encoding, no header row)."""
-
-
-class InvalidValue(OnceonlyError, ValueError):
-    """One cell that cannot go into its column. The message is the reason a
-    person reads next to the line number, so it names the problem, not the code."""

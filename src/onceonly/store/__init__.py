@@ -7,44 +7,26 @@
 
 from __future__ import annotations
 
-from urllib.parse import parse_qs
-
-from .._exceptions import ConfigurationError
 from .base import Store
+from .url import DatabaseURL
 
-__all__ = ["DEFAULT_DATABASE_URL", "Store", "create_store", "migrate_blocking"]
+__all__ = ["DEFAULT_DATABASE_URL", "DatabaseURL", "Store", "create_store", "migrate_blocking"]
 
 DEFAULT_DATABASE_URL = "sqlite:///onceonly.db"
 
 
 def create_store(url: str, *, auto_migrate: bool = True) -> Store:
     """The store for `url`. Drivers are imported here, only for the engine in use."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        raise ConfigurationError(
-            f"database URL {url!r} has no scheme; use sqlite:///file.db or postgresql://..."
-        )
-    engine = scheme.split("+", 1)[0].lower()
-    if engine == "sqlite":
-        path, _, query = rest.partition("?")
-        # sqlite:///x.db -> rest "/x.db" -> "x.db" (relative); sqlite:////abs -> "/abs".
-        path = path[1:] if path.startswith("/") else path
-        if not path:
-            raise ConfigurationError(f"database URL {url!r} names no file")
-        options = parse_qs(query)
-        busy = options.get("busy_timeout", ["5000"])[0]
-        if not busy.isdigit():
-            raise ConfigurationError(f"busy_timeout must be milliseconds, got {busy!r}")
+    parsed = DatabaseURL.parse(url)
+    if parsed.kind == "sqlite":
         from .sqlite import SQLiteStore
 
-        return SQLiteStore(path, auto_migrate=auto_migrate, busy_timeout_ms=int(busy))
-    if engine in ("postgresql", "postgres"):
-        from .postgres import PostgresStore
+        return SQLiteStore(
+            parsed.path, auto_migrate=auto_migrate, busy_timeout_ms=parsed.busy_timeout_ms
+        )
+    from .postgres import PostgresStore
 
-        return PostgresStore("postgresql://" + rest, auto_migrate=auto_migrate)
-    raise ConfigurationError(
-        f"unsupported database URL scheme {scheme!r}: use sqlite:/// or postgresql://"
-    )
+    return PostgresStore(parsed.postgres_dsn, auto_migrate=auto_migrate)
 
 
 def migrate_blocking(url: str) -> list[int]:

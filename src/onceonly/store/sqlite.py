@@ -25,7 +25,7 @@ from . import migrations
 from .base import Store, collapse, receipts
 from .write_lock import WriteLock
 
-__all__ = ["SQLiteStore"]
+__all__ = ["SQLiteStore", "configure", "connect", "wal_mode"]
 
 T = TypeVar("T")
 
@@ -92,6 +92,42 @@ def wal_mode(conn: sqlite3.Connection, busy_timeout_ms: int) -> None:
             if "locked" not in str(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(0.01)
+
+
+def configure(conn: sqlite3.Connection, busy_timeout_ms: int) -> None:
+    """Set up a new connection the way every onceonly connection to the file is.
+
+    ``busy_timeout`` first, so the switch to WAL waits like everything else;
+    ``synchronous=FULL`` because in WAL mode ``NORMAL`` may lose the last
+    commits on power loss; ``foreign_keys`` because SQLite leaves it off by
+    default, and then ``ON DELETE CASCADE`` silently does nothing (purged
+    Idempotency-Key records once left their response chunks behind).
+    """
+    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+    wal_mode(conn, busy_timeout_ms)
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("PRAGMA foreign_keys = ON")
+
+
+def connect(path: str, busy_timeout_ms: int) -> sqlite3.Connection:
+    """The one way onceonly opens a SQLite file (the store, the SQLAlchemy
+    engines, the dashboard's reader).
+
+    ``isolation_level=None``: callers issue BEGIN/COMMIT themselves (the store
+    one BEGIN IMMEDIATE per batch, the engines through the write lock), so
+    pysqlite never opens a transaction behind their back.
+    """
+    if path != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(
+        path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000
+    )
+    try:
+        configure(conn, busy_timeout_ms)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def _moment(text: str | None) -> datetime | None:
@@ -164,15 +200,7 @@ class SQLiteStore(Store):
             raise
 
     def _connect(self) -> sqlite3.Connection:
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        # isolation_level=None: we issue BEGIN/COMMIT ourselves, so a batch is
-        # exactly one transaction and one fsync.
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
-        wal_mode(conn, self.busy_timeout_ms)
-        conn.execute("PRAGMA synchronous = FULL")
-        return conn
+        return connect(self.path, self.busy_timeout_ms)
 
     def _begin(self, conn: sqlite3.Connection) -> None:
         """``BEGIN IMMEDIATE`` ahead of the workers (see write_lock)."""
