@@ -252,9 +252,8 @@ class SQLiteKeyStore(KeyStore):
 
         return ThreadGroupCommit(apply, schedule)
 
-    @classmethod
     def _apply_on(
-        cls,
+        self,
         conn: sqlite3.Connection,
         completions: Sequence[Completion],
         claims: Sequence[KeyClaim],
@@ -262,9 +261,10 @@ class SQLiteKeyStore(KeyStore):
         lock_seconds: float,
         ttl: float,
     ) -> tuple[list[bool], list[ClaimOutcome]]:
-        conn.execute("BEGIN IMMEDIATE")
-        landed = cls._complete_all(conn, completions, now) if completions else []
-        outcomes = cls._claim_all(conn, claims, now, lock_seconds, ttl) if claims else []
+        # On the request path like the receiver: ahead of the workers.
+        self.store.begin(conn)
+        landed = self._complete_all(conn, completions, now) if completions else []
+        outcomes = self._claim_all(conn, claims, now, lock_seconds, ttl) if claims else []
         conn.execute("COMMIT")
         return landed, outcomes
 
@@ -375,7 +375,7 @@ class SQLiteKeyStore(KeyStore):
         self, scope: str, key: str, fence: int, first_seq: int, chunks: Sequence[bytes]
     ) -> None:
         def run(conn: sqlite3.Connection) -> None:
-            conn.execute("BEGIN IMMEDIATE")
+            self.store.begin(conn)
             conn.executemany(
                 f"INSERT INTO {_CHUNKS} (scope, key, fence, seq, data) VALUES (?, ?, ?, ?, ?)",
                 [(scope, key, fence, first_seq + i, c) for i, c in enumerate(chunks)],

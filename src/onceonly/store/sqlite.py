@@ -202,8 +202,10 @@ class SQLiteStore(Store):
     def _connect(self) -> sqlite3.Connection:
         return connect(self.path, self.busy_timeout_ms)
 
-    def _begin(self, conn: sqlite3.Connection) -> None:
-        """``BEGIN IMMEDIATE`` ahead of the workers (see write_lock)."""
+    def begin(self, conn: sqlite3.Connection) -> None:
+        """``BEGIN IMMEDIATE`` on this store's connection, ahead of the workers
+        (see :mod:`onceonly.store.write_lock`): for writers on the request path
+        that share the store's thread (the Idempotency-Key records)."""
         self._write_lock.begin(conn.execute, timeout=self.busy_timeout_ms / 1000, receiver=True)
 
     # Store.
@@ -278,7 +280,7 @@ class SQLiteStore(Store):
             # (headers to JSON) off the event loop that answers requests.
             unique, extra = collapse(events)
             returned: dict[tuple[str, str], tuple[int, int]] = {}
-            self._begin(conn)
+            self.begin(conn)
             for start in range(0, len(unique), _ROWS_PER_STATEMENT):
                 chunk = unique[start : start + _ROWS_PER_STATEMENT]
                 params: list[object] = []
