@@ -52,6 +52,8 @@ class Queries:
     job_extend: str
     #: Delete finished keys whose memory expired.
     job_purge: str
+    #: How many events a worker could claim now (``run_until_idle``).
+    due_count: str
 
 
 _POSTGRES = Queries(
@@ -208,6 +210,11 @@ _POSTGRES = Queries(
     job_purge="""
         DELETE FROM onceonly_jobs WHERE status IN ('done', 'failed') AND expires_at < now()
     """,
+    due_count="""
+        SELECT count(*) FROM onceonly_events
+        WHERE (status IN ('pending', 'failed') AND run_after <= now())
+           OR (status = 'processing' AND lease_expires_at < now())
+    """,
 )
 
 _SQLITE = Queries(
@@ -336,6 +343,11 @@ _SQLITE = Queries(
     """,
     job_purge="""
         DELETE FROM onceonly_jobs WHERE status IN ('done', 'failed') AND expires_at < :now
+    """,
+    due_count="""
+        SELECT count(*) FROM onceonly_events
+        WHERE (status IN ('pending', 'failed') AND run_after <= :now)
+           OR (status = 'processing' AND lease_expires_at < :now)
     """,
 )
 

@@ -47,6 +47,7 @@ from .leases import LeaseKeeper
 from .outbox import DatabaseError, OutboxRunner
 from .queries import QUERIES
 from .store import migrate_blocking
+from .store.url import DatabaseURL
 
 if TYPE_CHECKING:
     from .config import Onceonly
@@ -230,7 +231,8 @@ class Worker:
             idle_since: float | None = None
             while time.monotonic() < deadline:
                 time.sleep(0.05)
-                if self._held or self._due_count() > 0:
+                due = self._due_count()
+                if self._held or due is None or due > 0:
                     idle_since = None
                 elif idle_since is None:
                     idle_since = time.monotonic()
@@ -284,15 +286,18 @@ class Worker:
     def _database_failed(self, operation: str, exc: BaseException) -> None:
         self.metrics.worker_database_error(operation)
 
-    def _due_count(self) -> int:
-        now = "now()" if self.kind == "postgresql" else ":now"
-        sql = (
-            "SELECT count(*) FROM onceonly_events WHERE "
-            f"(status IN ('pending', 'failed') AND run_after <= {now})"
-            f" OR (status = 'processing' AND lease_expires_at < {now})"
-        )
-        with self.engine.connect() as conn:
-            return int(conn.execute(sa.text(sql), {"now": time.time()}).scalar_one())
+    def _due_count(self) -> int | None:
+        """Events claimable now; None when the database cannot say (it is
+        down: ``run_until_idle`` then waits, as the worker itself does)."""
+        try:
+            with self.engine.connect() as conn:
+                return int(
+                    conn.execute(sa.text(self.q.due_count), {"now": time.time()}).scalar_one()
+                )
+        except DatabaseError as exc:
+            self._database_failed("due-count", exc)
+            log.warning("could not count due events: %s", getattr(exc, "orig", exc))
+            return None
 
     def _done(self, future: Future[None]) -> None:
         with self._lock:
@@ -349,7 +354,7 @@ class Worker:
         """LISTEN on PostgreSQL: a new event wakes the claim loop at once."""
         import psycopg
 
-        dsn = "postgresql://" + self.app.database_url.partition("://")[2]
+        dsn = DatabaseURL.parse(self.app.database_url).postgres_dsn
         while not self._stop.is_set():
             try:
                 with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:

@@ -146,3 +146,24 @@ def test_the_worker_survives_sqlite_locked_past_its_busy_timeout(database_url: s
     finally:
         shop.app.engine.dispose()
     assert set(shop.mails.values()) == {1}
+
+
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+def test_run_until_idle_waits_for_the_database_instead_of_raising(database_url: str) -> None:
+    """A script's ``worker.run_until_idle()`` started while the database is
+    away counts the failed look, waits, and returns once everything is done."""
+    parts = urlsplit(database_url)
+    proxy = TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
+    via_proxy = urlunsplit(parts._replace(netloc=f"{parts.username}@127.0.0.1:{proxy.port}"))
+    deliver(database_url, *(f"evt_{i}" for i in range(10)))
+    shop = Shop(via_proxy)
+    back = threading.Timer(1.5, proxy.start)  # away for the first 1.5 s
+    back.start()
+    try:
+        shop.app.worker(concurrency=2, poll_interval=0.1).run_until_idle(timeout=30)
+    finally:
+        back.cancel()
+        proxy.close()
+        shop.app.engine.dispose()
+    assert shop.errors("due-count") >= 1
+    assert shop.handled == {f"evt_{i}" for i in range(10)}
