@@ -41,13 +41,10 @@ def engine_kind(url: str) -> str:
     return DatabaseURL.parse(url).kind
 
 
-def create_engine(url: str, *, pool_size: int = 10, write_turns: bool = True) -> sa.Engine:
-    """A synchronous engine for `url` (an onceonly database URL).
-
-    On SQLite, `write_turns` takes the write lock in turns with the receiver
-    (:mod:`onceonly.store.write_lock`); without it, SQLite's busy handler
-    decides, which suits a file that only short transactions of the workers
-    write (the effect ledger's)."""
+def create_engine(url: str, *, pool_size: int = 10) -> sa.Engine:
+    """A synchronous engine for `url` (an onceonly database URL). On SQLite its
+    transactions take the write lock in turns with the receiver
+    (:mod:`onceonly.store.write_lock`)."""
     parsed = DatabaseURL.parse(url)
     if parsed.kind == "postgresql":
         pg = sa.create_engine(
@@ -73,14 +70,6 @@ def create_engine(url: str, *, pool_size: int = 10, write_turns: bool = True) ->
 
     write_lock = WriteLock.of(path)
     _write_locks[engine] = write_lock
-
-    if not write_turns:
-
-        @event.listens_for(engine, "begin")
-        def _begin_plain(connection: sa.Connection) -> None:
-            connection.exec_driver_sql("BEGIN IMMEDIATE")
-
-        return engine
 
     @event.listens_for(engine, "begin")
     def _begin(connection: sa.Connection) -> None:

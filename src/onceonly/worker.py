@@ -105,15 +105,9 @@ class Worker:
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:x}"
         self.engine = app.engine
         self.kind = app.engine_kind
-        # On SQLite a processing transaction holds the database's only write
-        # lock from BEGIN IMMEDIATE to COMMIT: the receiver's inserts, the
-        # other workers' claims and outbox marks all wait for it. Past this
-        # many seconds, if a receiver waits (or past _LONGEST_TRANSACTION in
-        # any case), a batch commits what it has done and goes on in a new
-        # transaction. Without a waiting receiver a batch keeps its one
-        # commit: the other workers would only take turns on the same lock.
-        # 0: the whole batch in one transaction, the default on PostgreSQL,
-        # where a batch locks only its own rows.
+        # How long a batch may hold SQLite's write lock while a receiver waits
+        # (see BatchProcessor.process); 0, one transaction per batch, is the
+        # default on PostgreSQL, where a batch locks only its own rows.
         budget = transaction_budget if transaction_budget is not None else app.transaction_budget
         self.transaction_budget = (
             budget if budget is not None else (0.01 if self.kind == "sqlite" else 0.0)
