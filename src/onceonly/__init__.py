@@ -34,6 +34,13 @@ if TYPE_CHECKING:
     from .guard import Guard, JobConflict, JobInProgress
     from .inbox import GroupCommit, Inbox
     from .receiver import Receiver
+    from .settings import (
+        DashboardSettings,
+        ReceiverSettings,
+        RetentionSettings,
+        Settings,
+        WorkerSettings,
+    )
     from .store import Store, create_store
     from .worker import Worker
 
@@ -58,6 +65,11 @@ _LAZY = {
     "GroupCommit": "inbox",
     "Inbox": "inbox",
     "Receiver": "receiver",
+    "Settings": "settings",
+    "ReceiverSettings": "settings",
+    "WorkerSettings": "settings",
+    "RetentionSettings": "settings",
+    "DashboardSettings": "settings",
     "Store": "store",
     "create_store": "store",
     "Worker": "worker",
@@ -88,6 +100,7 @@ __all__ = [
     "BodyTooLarge",
     "ConfigurationError",
     "Context",
+    "DashboardSettings",
     "Delivery",
     "DeliveryRejected",
     "EffectError",
@@ -108,6 +121,9 @@ __all__ = [
     "PayloadPurged",
     "Receipt",
     "Receiver",
+    "ReceiverSettings",
+    "RetentionSettings",
+    "Settings",
     "SignatureError",
     "Store",
     "StoreError",
@@ -115,6 +131,7 @@ __all__ = [
     "StoreUnavailable",
     "UnknownProvider",
     "Worker",
+    "WorkerSettings",
     "__version__",
     "create_store",
     "load_app",

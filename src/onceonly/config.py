@@ -413,17 +413,23 @@ class Onceonly:
 
     def receiver(self) -> Receiver:
         """The ASGI app for ``POST /{provider}``; mount it at ``/webhooks``."""
-        from .receiver import Receiver
-
-        self._composed = True
-        return Receiver(self)
+        return self._receiver(prefix="")
 
     def asgi(self) -> Receiver:
         """The whole server as ``onceonly serve`` runs it: ``POST /webhooks/{provider}``."""
+        return self._receiver(prefix="/webhooks")
+
+    def _receiver(self, *, prefix: str) -> Receiver:
         from .receiver import Receiver
 
         self._composed = True
-        return Receiver(self, prefix="/webhooks")
+        return Receiver(
+            self.inbox,
+            self.metrics,
+            self.settings.receiver,
+            serve_metrics=self.metrics_enabled,
+            prefix=prefix,
+        )
 
     def dashboard(self) -> Dashboard:
         """The operator dashboard as an ASGI app (see docs/dashboard.md)::

@@ -39,9 +39,11 @@ from ._exceptions import BodyTimeout, DeliveryRejected, StoreError
 from .asgi import Receive, Scope, Send, lower_headers, read_body, send_problem, send_response
 from .events import Delivery
 from .metrics import MetricsEndpoint
+from .settings import ReceiverSettings
 
 if TYPE_CHECKING:
-    from .config import Onceonly
+    from .inbox import Inbox
+    from .metrics import Metrics
 
 __all__ = ["Receiver"]
 
@@ -54,25 +56,37 @@ _METRICS = "/metrics"
 
 
 class Receiver:
-    """ASGI app receiving webhook deliveries for one :class:`~onceonly.Onceonly`.
+    """ASGI app receiving webhook deliveries into an :class:`~onceonly.inbox.Inbox`.
+
+    Built by :meth:`Onceonly.receiver() <onceonly.Onceonly.receiver>` and
+    :meth:`~onceonly.Onceonly.asgi`, from the parts it uses: the inbox, the
+    metrics it counts answers in, and the receiver's slice of the settings.
 
     `prefix` is the path the provider name follows (``/webhooks`` when serving
     stand-alone; empty when mounted, since the mount point is the prefix).
-    With a prefix it also answers ``GET /healthz`` and, unless metrics are
-    turned off, ``GET /metrics`` (Prometheus; see :mod:`onceonly.metrics`).
-    Every answer to a delivery is counted in ``onceonly.metrics`` either way.
+    With a prefix it also answers ``GET /healthz`` and, when `serve_metrics`
+    is set, ``GET /metrics`` (Prometheus; see :mod:`onceonly.metrics`).
+    Every answer to a delivery is counted in ``metrics`` either way.
     """
 
-    def __init__(self, onceonly: Onceonly, *, prefix: str = "") -> None:
-        self.onceonly = onceonly
-        self.inbox = onceonly.inbox
-        self.metrics = onceonly.metrics
+    def __init__(
+        self,
+        inbox: Inbox,
+        metrics: Metrics,
+        settings: ReceiverSettings,
+        *,
+        serve_metrics: bool = True,
+        prefix: str = "",
+    ) -> None:
+        self.inbox = inbox
+        self.metrics = metrics
+        self.serve_metrics = serve_metrics
         self._metrics_endpoint = MetricsEndpoint(self.metrics)
         self.prefix = prefix.rstrip("/")
-        self.max_body_bytes = onceonly.max_body_bytes
-        self.max_header_bytes = onceonly.max_header_bytes
-        self.body_timeout = onceonly.body_timeout
-        self._retry_after = str(onceonly.retry_after).encode()
+        self.max_body_bytes = settings.max_body_bytes
+        self.max_header_bytes = settings.max_header_bytes
+        self.body_timeout = settings.body_timeout
+        self._retry_after = str(settings.retry_after).encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -106,7 +120,7 @@ class Receiver:
         if self.prefix:
             if path == "/healthz":
                 return ""
-            if path == _METRICS and self.onceonly.metrics_enabled:
+            if path == _METRICS and self.serve_metrics:
                 return _METRICS
             if not path.startswith(self.prefix + "/"):
                 return None
