@@ -54,13 +54,17 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import sqlalchemy as sa
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .asgi import Receive, Scope, Send, send_response
+from .store.history import QUEUE_STATUSES, EventHistory, QueueStats
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
 
 __all__ = [
     "CONTENT_TYPE",
@@ -76,7 +80,6 @@ log = logging.getLogger("onceonly.metrics")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 UNKNOWN_PROVIDER = "(unknown)"
 REJECTION_REASONS = ("signature", "payload", "unknown-provider", "too-large", "unavailable")
-QUEUE_STATUSES = ("pending", "processing", "failed", "dead")
 
 # From 1 ms to 1 min: handlers range from one INSERT to a slow provider API.
 _HANDLER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -84,41 +87,10 @@ _HANDLER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 _TRANSACTION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
 
 
-@dataclass(frozen=True, slots=True)
-class QueueStats:
-    """The queue as the database saw it at one moment."""
-
-    #: Events per unfinished status, each count capped (see :func:`read_queue`).
-    depth: dict[str, int]
-    #: Seconds since the oldest pending event was received; 0 when none waits.
-    oldest_pending_age: float
-
-
-def _queue_sql(kind: str) -> tuple[str, str]:
-    # Counting walks the (status, id) index, never the processed rows (the
-    # bulk of the table); the cap bounds the walk when a backlog is huge.
-    depth = " UNION ALL ".join(
-        f"SELECT '{s}', count(*) FROM"
-        f" (SELECT 1 FROM onceonly_events WHERE status = '{s}' LIMIT :cap) AS q{i}"
-        for i, s in enumerate(QUEUE_STATUSES)
-    )
-    # The oldest by id is the oldest received: one index probe.
-    if kind == "postgresql":
-        age = "extract(epoch FROM clock_timestamp() - received_at)"
-    else:
-        age = "(julianday('now') - julianday(received_at)) * 86400.0"
-    oldest = f"SELECT {age} FROM onceonly_events WHERE status = 'pending' ORDER BY id LIMIT 1"
-    return depth, oldest
-
-
 def read_queue(engine: sa.Engine, kind: str, *, cap: int = 100_000) -> QueueStats:
     """Count unfinished events per status (each count stops at `cap`) and the age
     of the oldest pending one, in one short read transaction."""
-    depth_sql, oldest_sql = _queue_sql(kind)
-    with engine.connect() as conn:
-        depth = {str(s): int(n) for s, n in conn.execute(sa.text(depth_sql), {"cap": cap})}
-        age = conn.execute(sa.text(oldest_sql)).scalar()
-    return QueueStats(depth=depth, oldest_pending_age=max(0.0, float(age or 0.0)))
+    return EventHistory(kind).queue(engine, cap=cap)
 
 
 class _QueueCollector(Collector):
@@ -208,7 +180,7 @@ class Metrics:
         # the queue gauges are read. `engine` is called on the first scrape,
         # so building Metrics opens nothing.
         self._engine = engine
-        self._engine_kind = engine_kind
+        self._history = EventHistory(engine_kind)
         self.queue_count_cap = queue_count_cap
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -363,7 +335,7 @@ class Metrics:
     # Exposition.
 
     def read_queue(self) -> QueueStats:
-        return read_queue(self._engine(), self._engine_kind, cap=self.queue_count_cap)
+        return self._history.queue(self._engine(), cap=self.queue_count_cap)
 
     def exposition(self) -> bytes:
         """The text format Prometheus scrapes (blocking: it may read the database)."""

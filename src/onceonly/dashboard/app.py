@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlencode
 
 import jinja2
-import sqlalchemy as sa
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route, Router
 
 from .. import __version__
+from .._exceptions import StoreError
 from ..asgi import Message, Receive, Scope, Send
 from ..events import EventStatus
 from ..operations import DASHBOARD_REPLAYABLE, replay
@@ -102,7 +102,7 @@ class Dashboard:
         self.access = Access(app.dashboard_token)
         self.redactor = Redactor(app.dashboard_redact)
         self.reader = EventReader(app)
-        self.sessions = Sessions(lambda: self.reader.engine)
+        self.sessions = Sessions(lambda: self.reader.engine, kind=app.engine_kind)
         self.templates = jinja2.Environment(
             loader=jinja2.PackageLoader("onceonly.dashboard", "templates"),
             autoescape=True,
@@ -172,8 +172,8 @@ class Dashboard:
         async def guarded(request: Request) -> Response:
             try:
                 signed_in = await self._signed_in(request)
-            except sa.exc.DBAPIError as exc:
-                log.warning("dashboard: database error: %s", exc.orig)
+            except StoreError as exc:
+                log.warning("dashboard: database error: %s", exc)
                 return self._page(
                     request, "error.html", {"title": "Database not reachable"}, status=503
                 )
@@ -191,8 +191,8 @@ class Dashboard:
                 return self._page(request, "error.html", {"title": "No such event"}, status=404)
             try:
                 return await endpoint(request)
-            except sa.exc.DBAPIError as exc:
-                log.warning("dashboard: database error: %s", exc.orig)
+            except StoreError as exc:
+                log.warning("dashboard: database error: %s", exc)
                 if _wants_json(request):
                     return JSONResponse({"error": "database not reachable"}, 503)
                 return self._page(

@@ -14,28 +14,20 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import sqlalchemy as sa
+from ..store.sessions import DashboardSessions
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
 
 __all__ = ["SESSION_SECONDS", "Sessions"]
 
 #: How long a sign-in lasts, from the login.
 SESSION_SECONDS = 12 * 3600
-
-_OPEN = sa.text(
-    "INSERT INTO onceonly_dashboard_sessions (id, created_at, expires_at)"
-    " VALUES (:id, :now, :expires)"
-)
-# Ended and expired sessions are kept a day, for whoever looks into a
-# sign-in, then dropped by the next login.
-_PRUNE = sa.text("DELETE FROM onceonly_dashboard_sessions WHERE expires_at < :before")
-_VALID = sa.text(
-    "SELECT 1 FROM onceonly_dashboard_sessions"
-    " WHERE id = :id AND ended_at IS NULL AND expires_at > :now"
-)
-_END = sa.text(
-    "UPDATE onceonly_dashboard_sessions SET ended_at = :now WHERE id = :id AND ended_at IS NULL"
-)
+#: Ended and expired sessions are kept a day, for whoever looks into a
+#: sign-in, then dropped by the next login.
+KEEP_ENDED_SECONDS = 24 * 3600
 
 
 class Sessions:
@@ -45,10 +37,12 @@ class Sessions:
         self,
         engine: Callable[[], sa.Engine],
         *,
+        kind: str,
         lifetime: float = SESSION_SECONDS,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._engine = engine
+        self._table = DashboardSessions(kind)
         self.lifetime = lifetime
         self._clock = clock
 
@@ -56,16 +50,17 @@ class Sessions:
         """A new session's id."""
         session_id = secrets.token_urlsafe(24)
         now = self._clock()
-        with self._engine().begin() as conn:
-            conn.execute(_PRUNE, {"before": now - 24 * 3600})
-            conn.execute(_OPEN, {"id": session_id, "now": now, "expires": now + self.lifetime})
+        self._table.open(
+            self._engine(),
+            session_id,
+            now=now,
+            expires=now + self.lifetime,
+            prune_before=now - KEEP_ENDED_SECONDS,
+        )
         return session_id
 
     def valid(self, session_id: str) -> bool:
-        with self._engine().connect() as conn:
-            found = conn.execute(_VALID, {"id": session_id, "now": self._clock()}).first()
-        return found is not None
+        return self._table.valid(self._engine(), session_id, now=self._clock())
 
     def end(self, session_id: str) -> None:
-        with self._engine().begin() as conn:
-            conn.execute(_END, {"id": session_id, "now": self._clock()})
+        self._table.end(self._engine(), session_id, now=self._clock())
