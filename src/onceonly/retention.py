@@ -26,16 +26,17 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
-
 from ._exceptions import ConfigurationError
+from .store.retention import RetentionRecords
 
 if TYPE_CHECKING:
+    import sqlalchemy as sa
+
     from .config import Onceonly
     from .ledger import EffectLedger
 
@@ -94,95 +95,38 @@ class PurgeReport:
         return data
 
 
-def _sql(text: str) -> sa.TextClause:
-    return sa.text(text).bindparams(sa.bindparam("ids", expanding=True))
-
-
-# Walk the primary key from `after`: each batch starts where the last ended, so
-# the whole purge reads the table once. Received-at correlates with id, but is
-# checked row by row (nothing relies on the correlation for correctness).
-_NO_PENDING_OUTBOX = (
-    "NOT EXISTS (SELECT 1 FROM onceonly_outbox o WHERE o.event_pk = e.id AND o.status = 'pending')"
-)
-_OLD_PROCESSED = sa.text(
-    "SELECT id FROM onceonly_events e WHERE id > :after AND status = 'processed'"
-    " AND received_at < :cutoff AND payload_purged_at IS NULL ORDER BY id LIMIT :n"
-)
-_EXPIRED_IDS = sa.text(
-    "SELECT id FROM onceonly_events e WHERE id > :after AND status = 'processed'"
-    f" AND received_at < :cutoff AND {_NO_PENDING_OUTBOX} ORDER BY id LIMIT :n"
-)
-# A dry run deletes nothing, so it leaves out here what the ids pass would delete.
-_OLD_PROCESSED_DRY = sa.text(
-    "SELECT id FROM onceonly_events e WHERE id > :after AND status = 'processed'"
-    " AND received_at < :cutoff AND payload_purged_at IS NULL"
-    f" AND NOT (received_at < :ids_cutoff AND {_NO_PENDING_OUTBOX}) ORDER BY id LIMIT :n"
-)
-# The status is checked again under the write: an event replayed since the
-# batch was read is pending now, and keeps its payload.
-_DROP_PAYLOADS = _sql(
-    "UPDATE onceonly_events SET body = :empty, headers = '{}', payload_purged_at = :now"
-    " WHERE id IN :ids AND status = 'processed' AND payload_purged_at IS NULL RETURNING id"
-)
-# Re-checked and locked before any child row goes: an event replayed since the
-# batch was read keeps its effect records (a replay must not repeat effects).
-# (SQLite needs no row lock: BEGIN IMMEDIATE already holds the database's.)
-_LOCK_EXPIRED = (
-    "SELECT id FROM onceonly_events e WHERE id IN :ids AND status = 'processed'"
-    f" AND received_at < :cutoff AND {_NO_PENDING_OUTBOX} ORDER BY id"
-)
-_DELETE_EVENTS = _sql("DELETE FROM onceonly_events WHERE id IN :ids")
-_CHILDREN = (
-    ("attempts", "onceonly_attempts", ""),
-    ("effects", "onceonly_effects", ""),
-    # Outbox rows still pending are work to do, never history.
-    ("outbox", "onceonly_outbox", " AND status <> 'pending'"),
-)
-_EXPIRED_KEYS = sa.text("SELECT count(*) FROM onceonly_idempotency_keys WHERE expires_at < :now")
-
-
-def _when(moment: datetime, kind: str) -> Any:
-    """A time as the engine stores it: timestamptz, or SQLite's ISO text in UTC."""
-    if kind == "postgresql":
-        return moment
-    utc = moment.astimezone(UTC)
-    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
-
-
 class _Totals:
-    def __init__(self) -> None:
+    def __init__(self, records: RetentionRecords, ledger: EffectLedger) -> None:
+        self.records, self.ledger = records, ledger
         self.payloads = self.events = self.attempts = self.effects = self.outbox = 0
 
-    def forget(self, ledger: EffectLedger, ids: Sequence[int]) -> None:
+    def forget(self, ids: Sequence[int]) -> None:
         """Delete the records the ledger keeps outside the main database, once
         their events' deletion committed: a failure then leaves records of
         events that are gone, which nothing reads, never an event without the
         records that stop its effects from running again."""
-        self.effects += ledger.forget(ids, delete=True)
+        self.effects += self.ledger.forget(ids, delete=True)
 
-    def add_children(
-        self, conn: sa.Connection, ids: Sequence[int], *, delete: bool, ledger: EffectLedger
-    ) -> None:
+    def add_children(self, conn: sa.Connection, ids: Sequence[int], *, delete: bool) -> None:
         """Count or delete the rows that belong to these events."""
-        if not delete:  # records kept in a file of their own (SQLite): see forget()
-            self.effects += ledger.forget(ids, delete=False)
-        for name, table, condition in _CHILDREN:
-            verb = "DELETE" if delete else "SELECT count(*)"
-            result = conn.execute(
-                _sql(f"{verb} FROM {table} WHERE event_pk IN :ids{condition}"), {"ids": ids}
-            )
-            count = result.rowcount if delete else int(result.scalar_one())
-            setattr(self, name, getattr(self, name) + count)
+        if delete:
+            rows = self.records.delete_children(conn, ids)
+        else:
+            # Records kept in a file of their own (SQLite): see forget().
+            self.effects += self.ledger.forget(ids, delete=False)
+            rows = self.records.count_children(conn, ids)
+        self.attempts += rows.attempts
+        self.effects += rows.effects
+        self.outbox += rows.outbox
 
 
-def _walk(
-    engine: sa.Engine, select: sa.TextClause, params: dict[str, Any], n: int
-) -> Iterator[list[int]]:
-    """Ids matching `select`, a batch at a time, in id order."""
+def _walk(batch: Callable[[int], list[int]]) -> Iterator[list[int]]:
+    """Ids a batch at a time, in id order: `batch(after)` gives those past
+    `after`, so each batch starts where the last ended and the whole purge
+    reads the table once."""
     after = 0
     while True:
-        with engine.connect() as conn:
-            ids = [int(r[0]) for r in conn.execute(select, {**params, "after": after, "n": n})]
+        ids = batch(after)
         if not ids:
             return
         yield ids
@@ -216,47 +160,50 @@ def purge(
     from .store import migrate_blocking
 
     migrate_blocking(app.database_url)
-    engine, kind, ledger = app.engine, app.engine_kind, app.effect_ledger
+    engine = app.engine
+    records = RetentionRecords(app.engine_kind)
     now = datetime.now(UTC)
     payload_cutoff, ids_cutoff = now - payloads_age, now - ids_age
-    totals = _Totals()
+    totals = _Totals(records, app.effect_ledger)
 
     # Rows past the ids horizon first: what is deleted needs no payload drop.
-    ids_params = {"cutoff": _when(ids_cutoff, kind)}
-    lock = _sql(_LOCK_EXPIRED + (" FOR UPDATE" if kind == "postgresql" else ""))
-    for ids in _walk(engine, _EXPIRED_IDS, ids_params, batch_size):
-        with engine.begin() as conn:
+    def expired(after: int) -> list[int]:
+        return records.expired(engine, cutoff=ids_cutoff, after=after, n=batch_size)
+
+    for ids in _walk(expired):
+        with records.transaction(engine) as conn:
             if dry_run:
-                totals.add_children(conn, ids, delete=False, ledger=ledger)
+                totals.add_children(conn, ids, delete=False)
                 totals.events += len(ids)
                 continue
-            doomed = [int(r[0]) for r in conn.execute(lock, {**ids_params, "ids": ids})]
+            doomed = records.lock_expired(conn, ids, cutoff=ids_cutoff)
             if doomed:
                 # Children first, counted; the foreign keys would cascade anyway.
-                totals.add_children(conn, doomed, delete=True, ledger=ledger)
-                totals.events += conn.execute(_DELETE_EVENTS, {"ids": doomed}).rowcount
+                totals.add_children(conn, doomed, delete=True)
+                totals.events += records.delete_events(conn, doomed)
         if doomed:
-            totals.forget(ledger, doomed)
+            totals.forget(doomed)
 
-    payload_params = {"cutoff": _when(payload_cutoff, kind), "ids_cutoff": _when(ids_cutoff, kind)}
-    select = _OLD_PROCESSED_DRY if dry_run else _OLD_PROCESSED
-    for ids in _walk(engine, select, payload_params, batch_size):
-        with engine.begin() as conn:
+    # A dry run deletes nothing, so it leaves out here what the ids pass would delete.
+    spared = ids_cutoff if dry_run else None
+
+    def old(after: int) -> list[int]:
+        return records.old_processed(
+            engine, cutoff=payload_cutoff, after=after, n=batch_size, sparing_expired_before=spared
+        )
+
+    for ids in _walk(old):
+        with records.transaction(engine) as conn:
             if dry_run:
-                totals.add_children(conn, ids, delete=False, ledger=ledger)
+                totals.add_children(conn, ids, delete=False)
                 totals.payloads += len(ids)
                 continue
-            purged = [
-                int(r[0])
-                for r in conn.execute(
-                    _DROP_PAYLOADS, {"ids": ids, "empty": b"", "now": _when(now, kind)}
-                )
-            ]
+            purged = records.drop_payloads(conn, ids, now=now)
             if purged:
-                totals.add_children(conn, purged, delete=True, ledger=ledger)
+                totals.add_children(conn, purged, delete=True)
             totals.payloads += len(purged)
         if purged:
-            totals.forget(ledger, purged)
+            totals.forget(purged)
 
     keys = _expired_keys(app, dry_run=dry_run)
     jobs = app.guard().purge(dry_run=dry_run)
@@ -279,8 +226,7 @@ def _expired_keys(app: Onceonly, *, dry_run: bool) -> int:
     store's own purge."""
     now = time.time()
     if dry_run:
-        with app.engine.connect() as conn:
-            return int(conn.execute(_EXPIRED_KEYS, {"now": now}).scalar_one())
+        return RetentionRecords(app.engine_kind).expired_idempotency_keys(app.engine, now=now)
     from ._threads import run_on_own_loop
     from .idempotency.storage import key_store_for
     from .store import create_store
