@@ -6,6 +6,7 @@ import asyncio
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 import pytest
@@ -13,6 +14,7 @@ import sqlalchemy as sa
 
 from onceonly import Event, NewEvent, Onceonly, create_store
 from onceonly.dashboard import DashboardMount
+from onceonly.dashboard.access import COOKIE_NAME
 from onceonly.providers import Stripe
 from support import STRIPE_SECRET, live_server, stripe_delivery
 
@@ -358,3 +360,24 @@ def test_logout_ends_the_session_on_every_receiver_and_sessions_expire(app: Once
             with app.engine.begin() as conn:
                 conn.execute(sa.text("UPDATE onceonly_dashboard_sessions SET expires_at = 0"))
             assert client.get("/dashboard/events").status_code == 401
+
+
+def test_a_database_that_is_away_is_a_503_page_or_json(engine: str, tmp_path: Path) -> None:
+    # Nothing answers there: SQLite cannot open a directory as its file.
+    url = (
+        "postgresql://postgres@127.0.0.1:9/none"
+        if engine == "postgresql"
+        else f"sqlite:///{tmp_path}"
+    )
+    app = deployment(url)
+    dashboard = app.dashboard()
+    with live_server(dashboard) as base, httpx.Client(base_url=base) as client:
+        # The bearer token needs no database: the page's read fails.
+        response = client.get("/api/counts", headers=BEARER)
+        assert response.status_code == 503
+        assert response.json() == {"error": "database not reachable"}
+        # A login cookie is checked against its session row: that read fails.
+        cookie = {"cookie": f"{COOKIE_NAME}={dashboard.access.session_cookie('s-1')}"}
+        response = client.get("/events", headers=cookie)
+        assert response.status_code == 503
+        assert "Database not reachable" in response.text
