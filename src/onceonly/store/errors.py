@@ -38,7 +38,7 @@ _OUTAGES: tuple[type[BaseException], ...] = (
 
 def is_unavailable(exc: BaseException) -> bool:
     """Whether a driver error means the database is away (try again later)."""
-    if isinstance(exc, StoreUnavailable | _OUTAGES):
+    if isinstance(exc, (StoreUnavailable, *_OUTAGES)):
         return True
     return isinstance(exc, sa.exc.DBAPIError) and bool(exc.connection_invalidated)
 
