@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 import onceonly.db
+from onceonly.store import create_store
 from onceonly.store import engine as store_engine
 from onceonly.store.engine import create_engine
-from onceonly.store import create_store
 from onceonly.store.postgres import PostgresStore
 
 
