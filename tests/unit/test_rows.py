@@ -38,9 +38,7 @@ EXPECTED = Event(
 
 def as_driver_row(form: str) -> tuple[Any, ...]:
     """EXPECTED as a row of EVENT_COLUMNS, the way one driver returns it."""
-    values: dict[str, Any] = {
-        f.name: getattr(EXPECTED, f.name) for f in dataclasses.fields(Event)
-    }
+    values: dict[str, Any] = {f.name: getattr(EXPECTED, f.name) for f in dataclasses.fields(Event)}
     values["status"] = EXPECTED.status.value
     if form == "sqlite":  # times as SQLite's text, headers as JSON text, body as memoryview
         for name in ("received_at", "last_duplicate_at", "payload_purged_at"):
