@@ -16,26 +16,25 @@ So a handler's writes and its event's mark commit together (G3).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-import sqlalchemy as sa
 
 from .clients import Target
 from .context import AttemptServices, Context, HandlerSavepoints
-from .events import Event
 from .prefetch import prefetch
-from .queries import Queries
+from .store.engine import transaction
+from .store.work_queue import Claimed, WorkQueue
 from .store.write_lock import WriteLock
 
 if TYPE_CHECKING:
+    import sqlalchemy as sa
+
     from .config import Onceonly
     from .outbox import OutboxRunner
+    from .queries import Queries
 
 __all__ = ["BatchProcessor", "Claimed"]
 
@@ -45,14 +44,6 @@ log = logging.getLogger("onceonly.worker")
 # with no receiver waiting: other workers, purges and imports wait in SQLite's
 # busy handler, and not for seconds.
 _LONGEST_TRANSACTION = 0.25
-
-
-@dataclass(frozen=True, slots=True)
-class Claimed:
-    """An event this worker claimed, with the fence its claim set."""
-
-    event: Event
-    fence: int
 
 
 #: What one attempt came to: the handler's name, or (error, handler name).
@@ -65,8 +56,9 @@ class BatchProcessor:
     def __init__(
         self,
         app: Onceonly,
-        queries: Queries,
+        queue: WorkQueue,
         *,
+        context_queries: Queries,
         owner: str,
         transaction_budget: float,
         write_lock: WriteLock | None,
@@ -76,7 +68,10 @@ class BatchProcessor:
     ) -> None:
         self.app = app
         self.engine = app.engine
-        self.q = queries
+        self.queue = queue
+        # Only for AttemptServices (the effect ledger's and the outbox's SQL,
+        # which are not the work queue's).
+        self._context_queries = context_queries
         self.owner = owner
         self.transaction_budget = transaction_budget
         self.write_lock = write_lock
@@ -113,22 +108,17 @@ class BatchProcessor:
         left: list[Claimed] = []
         started: float | None = None
         try:
-            with self.engine.begin() as conn:
+            # The transaction's own failures (BEGIN, the write lock, COMMIT)
+            # leave it as StoreError, like its statements'.
+            with transaction(self.engine, "processing events") as conn:
                 started = time.monotonic()  # the lock is held from here on
-                ids = [c.event.id for c in batch]
-                current = {
-                    row.id: row
-                    for row in conn.execute(
-                        sa.text(self.q.lock_events), {"ids": ids, "ids_json": json.dumps(ids)}
-                    )
-                }
+                held = self.queue.lock_events(conn, batch)
                 savepoints = HandlerSavepoints(conn)
                 for n, item in enumerate(batch):
                     if n and self._over_budget(time.monotonic() - started):
                         left = batch[n:]
                         break
-                    row = current.get(item.event.id)
-                    if row is None or row.fence != item.fence or row.status != "processing":
+                    if item.event.id not in held:
                         log.warning(
                             "event %s: lease lost before processing; the new owner will finish it",
                             item.event.id,
@@ -141,13 +131,9 @@ class BatchProcessor:
                         failures.append((item, *outcome))
                     else:
                         processed.append((item, outcome))
-                if processed:
-                    # The rows were locked and their fences checked above, and
-                    # nobody can change a locked row: these updates all land.
-                    conn.execute(
-                        sa.text(self.q.mark_processed),
-                        [{"id": i.event.id, "fence": i.fence, "handler": h} for i, h in processed],
-                    )
+                # The rows were locked and their fences checked above, and
+                # nobody can change a locked row: these updates all land.
+                self.queue.mark_processed(conn, processed)
                 savepoints.close()
                 for item, exc, handler in failures:
                     self._record_failure(conn, item, exc, handler)
@@ -206,7 +192,7 @@ class BatchProcessor:
             conn,
             AttemptServices(
                 ledger=self.app.effect_ledger,
-                queries=self.q,
+                queries=self._context_queries,
                 actions=frozenset(self.app.handlers.actions),
                 api_clients=self.app.api_clients,
                 event_loop=self._loop,
@@ -237,19 +223,6 @@ class BatchProcessor:
             ), name
         return registration.name
 
-    def _attempt_row(
-        self, item: Claimed, outcome: str, exc: BaseException | None = None
-    ) -> dict[str, Any]:
-        return {
-            "event_pk": item.event.id,
-            "attempt": item.event.attempts,
-            "worker": self.owner,
-            "outcome": outcome,
-            "error_type": type(exc).__qualname__ if exc else None,
-            "error_message": str(exc)[:2000] if exc else None,
-            "traceback": "".join(traceback.format_exception(exc))[-8000:] if exc else None,
-        }
-
     def _record_failure(
         self, conn: sa.Connection, item: Claimed, exc: Exception, handler: str | None
     ) -> None:
@@ -266,21 +239,17 @@ class BatchProcessor:
             type(exc).__name__,
             exc,
         )
-        conn.execute(
-            sa.text(self.q.mark_failed),
-            {
-                "owner": self.owner,
-                "now": time.time(),
-                "id": item.event.id,
-                "fence": item.fence,
-                "dead": dead,
-                "delay": delay,
-                "error": f"{type(exc).__name__}: {exc}"[:2000],
-            },
+        self.queue.mark_failed(
+            conn, item, dead=dead, delay=delay, error=f"{type(exc).__name__}: {exc}"[:2000]
         )
-        conn.execute(
-            sa.text(self.q.insert_attempt),
-            self._attempt_row(item, "dead" if dead else "failed", exc),
+        self.queue.insert_attempt(
+            conn,
+            item,
+            worker=self.owner,
+            outcome="dead" if dead else "failed",
+            error_type=type(exc).__qualname__,
+            error_message=str(exc)[:2000],
+            traceback="".join(traceback.format_exception(exc))[-8000:],
         )
 
     def is_last(self, item: Claimed) -> bool:

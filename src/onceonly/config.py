@@ -55,7 +55,6 @@ import sqlalchemy as sa
 
 from ._exceptions import ConfigurationError
 from .clients import ApiClient, clients_from_environ
-from .db import create_engine, engine_kind
 from .handlers import Action, Handler, HandlerRegistry
 from .inbox import Inbox
 from .providers import PROVIDER_CLASSES, Provider
@@ -67,6 +66,7 @@ from .settings import (
     Settings,
 )
 from .store import Store, create_store
+from .store.engine import create_engine, engine_kind
 
 if TYPE_CHECKING:
     from .dashboard import Dashboard

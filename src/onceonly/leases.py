@@ -10,17 +10,18 @@ event unclaimable even if its lease ran out (claims skip locked rows).
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import sqlalchemy as sa
+from ._exceptions import StoreError
+from .store.work_queue import Claimed, WorkQueue
 
-from .batch import Claimed
-from .outbox import DatabaseError, OutboxRunner
-from .queries import Queries
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+
+    from .outbox import OutboxRunner
 
 __all__ = ["LeaseKeeper"]
 
@@ -33,7 +34,7 @@ class LeaseKeeper:
     def __init__(
         self,
         engine: sa.Engine,
-        queries: Queries,
+        queue: WorkQueue,
         *,
         owner: str,
         lease: float,
@@ -42,7 +43,7 @@ class LeaseKeeper:
         on_database_error: Callable[[str, BaseException], None],
     ) -> None:
         self.engine = engine
-        self.q = queries
+        self.queue = queue
         self.owner = owner
         self.lease = lease
         self._held = held
@@ -60,20 +61,10 @@ class LeaseKeeper:
         if not ids:
             return
         try:
-            with self.engine.begin() as conn:
-                conn.execute(
-                    sa.text(self.q.extend_leases),
-                    {
-                        "owner": self.owner,
-                        "lease": self.lease,
-                        "now": time.time(),
-                        "ids": ids,
-                        "ids_json": json.dumps(ids),
-                    },
-                )
-        except DatabaseError as exc:
+            self.queue.extend_leases(self.engine, ids, owner=self.owner, lease=self.lease)
+        except StoreError as exc:
             self._database_failed("leases", exc)
-            log.warning("could not extend leases: %s", getattr(exc, "orig", exc))
+            log.warning("could not extend leases: %s", exc)
 
     def release(self, waiting: list[Claimed]) -> None:
         """Give back events claimed but not started (graceful shutdown): they
@@ -82,9 +73,7 @@ class LeaseKeeper:
         if not waiting:
             return
         try:
-            with self.engine.begin() as conn:
-                for c in waiting:
-                    conn.execute(sa.text(self.q.release), {"id": c.event.id, "fence": c.fence})
+            self.queue.release(self.engine, waiting)
             log.info("released %d claimed events not yet started", len(waiting))
-        except DatabaseError as exc:
+        except StoreError as exc:
             log.warning("could not release events (their leases will expire): %s", exc)

@@ -1,4 +1,6 @@
-"""Named SQL for the worker, the effect ledger, the outbox and the job guard.
+"""Named SQL for the effect ledger, the outbox and the job guard.
+
+(The work queue's statements are in :mod:`onceonly.store.work_queue`.)
 
 One entry per engine. PostgreSQL computes times with ``now()`` on the server
 (many machines, one clock); SQLite, which lives on one machine, gets ``:now``
@@ -11,26 +13,9 @@ from dataclasses import dataclass
 
 __all__ = ["QUERIES", "Queries"]
 
-_EVENT_COLUMNS = (
-    "id, provider, event_id, event_type, body, headers, received_at, status, attempts, fence"
-)
-
 
 @dataclass(frozen=True, slots=True)
 class Queries:
-    #: Claim up to :n due events (new, failed and due, or leased by a dead worker).
-    claim: str
-    #: Inside the processing transaction: re-read the leases of a batch (and lock
-    #: the rows on PostgreSQL).
-    lock_events: str
-    mark_processed: str
-    #: Record a failure: back to 'failed' with run_after in :delay seconds, or 'dead'.
-    mark_failed: str
-    #: Give back events claimed but not started (graceful shutdown).
-    release: str
-    extend_leases: str
-    insert_attempt: str
-    replay: str
     find_effect: str
     record_effect: str
     stage: str
@@ -52,77 +37,9 @@ class Queries:
     job_extend: str
     #: Delete finished keys whose memory expired.
     job_purge: str
-    #: How many events a worker could claim now (``run_until_idle``).
-    due_count: str
 
 
 _POSTGRES = Queries(
-    claim=f"""
-        WITH ready AS (
-            SELECT id FROM onceonly_events
-            WHERE status IN ('pending', 'failed') AND run_after <= now()
-            ORDER BY run_after, id LIMIT :n FOR UPDATE SKIP LOCKED
-        ), abandoned AS (
-            SELECT id FROM onceonly_events
-            WHERE status = 'processing' AND lease_expires_at < now()
-            LIMIT :n FOR UPDATE SKIP LOCKED
-        ), due AS (
-            SELECT id FROM ready UNION SELECT id FROM abandoned LIMIT :n
-        )
-        UPDATE onceonly_events e SET
-            status = 'processing', lease_owner = :owner,
-            lease_expires_at = now() + make_interval(secs => :lease),
-            fence = e.fence + 1, attempts = e.attempts + 1
-        FROM due WHERE e.id = due.id
-        RETURNING e.{_EVENT_COLUMNS.replace(", ", ", e.")}
-    """,
-    # NO KEY UPDATE, not UPDATE: the effect ledger inserts rows referencing these
-    # events from another connection, and their foreign-key check takes KEY SHARE,
-    # which FOR UPDATE would block (a deadlock across our own two connections).
-    # Claims still skip the rows: FOR UPDATE conflicts with NO KEY UPDATE.
-    lock_events="""
-        SELECT id, fence, status FROM onceonly_events WHERE id = ANY(:ids)
-        ORDER BY id FOR NO KEY UPDATE
-    """,
-    mark_processed="""
-        UPDATE onceonly_events SET status = 'processed', processed_at = now(),
-            handler = :handler, lease_owner = NULL, lease_expires_at = NULL, last_error = NULL
-        WHERE id = :id AND fence = :fence AND status = 'processing'
-    """,
-    mark_failed="""
-        UPDATE onceonly_events SET
-            status = CASE WHEN :dead THEN 'dead' ELSE 'failed' END,
-            run_after = now() + make_interval(secs => :delay),
-            lease_owner = NULL, lease_expires_at = NULL, last_error = :error
-        WHERE id = :id AND fence = :fence AND status = 'processing'
-    """,
-    release="""
-        UPDATE onceonly_events SET status = 'pending', lease_owner = NULL,
-            lease_expires_at = NULL, attempts = attempts - 1
-        WHERE id = :id AND fence = :fence AND status = 'processing'
-    """,
-    # SKIP LOCKED: a row locked by our own running handler needs no extension
-    # (nobody can claim a locked row) and must not make the keeper wait.
-    extend_leases="""
-        UPDATE onceonly_events SET lease_expires_at = now() + make_interval(secs => :lease)
-        WHERE id IN (
-            SELECT id FROM onceonly_events
-            WHERE id = ANY(:ids) AND lease_owner = :owner AND status = 'processing'
-            FOR UPDATE SKIP LOCKED)
-    """,
-    insert_attempt="""
-        INSERT INTO onceonly_attempts
-            (event_pk, attempt, worker, outcome, error_type, error_message, traceback)
-        VALUES (:event_pk, :attempt, :worker, :outcome, :error_type, :error_message, :traceback)
-    """,
-    replay="""
-        UPDATE onceonly_events SET status = 'pending', run_after = now(), attempts = 0,
-            lease_owner = NULL, lease_expires_at = NULL
-        WHERE status IN ('failed', 'dead', 'processed') AND payload_purged_at IS NULL
-            AND (CAST(:id AS BIGINT) IS NULL OR id = :id)
-            AND (CAST(:status AS TEXT) IS NULL OR status = :status)
-        RETURNING id
-    """,
     find_effect="SELECT outcome FROM onceonly_effects WHERE event_pk = :event_pk AND name = :name",
     record_effect="""
         INSERT INTO onceonly_effects (event_pk, name, key, outcome)
@@ -210,58 +127,9 @@ _POSTGRES = Queries(
     job_purge="""
         DELETE FROM onceonly_jobs WHERE status IN ('done', 'failed') AND expires_at < now()
     """,
-    due_count="""
-        SELECT count(*) FROM onceonly_events
-        WHERE (status IN ('pending', 'failed') AND run_after <= now())
-           OR (status = 'processing' AND lease_expires_at < now())
-    """,
 )
 
 _SQLITE = Queries(
-    claim=f"""
-        UPDATE onceonly_events SET
-            status = 'processing', lease_owner = :owner, lease_expires_at = :now + :lease,
-            fence = fence + 1, attempts = attempts + 1
-        WHERE id IN (
-            SELECT id FROM onceonly_events
-            WHERE (status IN ('pending', 'failed') AND run_after <= :now)
-               OR (status = 'processing' AND lease_expires_at < :now)
-            ORDER BY run_after, id LIMIT :n)
-        RETURNING {_EVENT_COLUMNS}
-    """,
-    # BEGIN IMMEDIATE already holds the database's write lock.
-    lock_events="""
-        SELECT id, fence, status FROM onceonly_events
-        WHERE id IN (SELECT value FROM json_each(:ids_json))
-    """,
-    mark_processed="""
-        UPDATE onceonly_events SET status = 'processed',
-            processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'),
-            handler = :handler, lease_owner = NULL, lease_expires_at = NULL, last_error = NULL
-        WHERE id = :id AND fence = :fence AND status = 'processing'
-    """,
-    mark_failed="""
-        UPDATE onceonly_events SET
-            status = CASE WHEN :dead THEN 'dead' ELSE 'failed' END,
-            run_after = :now + :delay,
-            lease_owner = NULL, lease_expires_at = NULL, last_error = :error
-        WHERE id = :id AND fence = :fence AND status = 'processing'
-    """,
-    release=_POSTGRES.release,
-    extend_leases="""
-        UPDATE onceonly_events SET lease_expires_at = :now + :lease
-        WHERE id IN (SELECT value FROM json_each(:ids_json))
-            AND lease_owner = :owner AND status = 'processing'
-    """,
-    insert_attempt=_POSTGRES.insert_attempt,
-    replay="""
-        UPDATE onceonly_events SET status = 'pending', run_after = 0, attempts = 0,
-            lease_owner = NULL, lease_expires_at = NULL
-        WHERE status IN ('failed', 'dead', 'processed') AND payload_purged_at IS NULL
-            AND (CAST(:id AS BIGINT) IS NULL OR id = :id)
-            AND (CAST(:status AS TEXT) IS NULL OR status = :status)
-        RETURNING id
-    """,
     find_effect=_POSTGRES.find_effect,
     record_effect=_POSTGRES.record_effect,
     stage="""
@@ -343,11 +211,6 @@ _SQLITE = Queries(
     """,
     job_purge="""
         DELETE FROM onceonly_jobs WHERE status IN ('done', 'failed') AND expires_at < :now
-    """,
-    due_count="""
-        SELECT count(*) FROM onceonly_events
-        WHERE (status IN ('pending', 'failed') AND run_after <= :now)
-           OR (status = 'processing' AND lease_expires_at < :now)
     """,
 )
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -32,22 +31,19 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import UTC, datetime
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import sqlalchemy as sa
-
-from ._exceptions import LeaseLost, StoreUnavailable
+from ._exceptions import LeaseLost, StoreError, StoreUnavailable
 from .backoff import backoff
 from .batch import BatchProcessor, Claimed
-from .db import write_lock_of
-from .events import Event, EventStatus
 from .leases import LeaseKeeper
-from .outbox import DatabaseError, OutboxRunner
+from .outbox import OutboxRunner
 from .queries import QUERIES
 from .store import migrate_blocking
-from .store.url import DatabaseURL
+from .store.engine import write_lock_of
+from .store.notifications import EventNotifications
+from .store.work_queue import WorkQueue
 
 if TYPE_CHECKING:
     from .config import Onceonly
@@ -55,26 +51,6 @@ if TYPE_CHECKING:
 __all__ = ["Claimed", "LeaseLost", "Worker", "backoff"]
 
 log = logging.getLogger("onceonly.worker")
-
-
-def _event_from_row(row: Any) -> Event:
-    headers = row.headers
-    received = row.received_at
-    if isinstance(received, str):
-        received = datetime.fromisoformat(received)
-        if received.tzinfo is None:
-            received = received.replace(tzinfo=UTC)
-    return Event(
-        id=row.id,
-        provider=row.provider,
-        event_id=row.event_id,
-        event_type=row.event_type,
-        body=bytes(row.body),
-        headers=json.loads(headers) if isinstance(headers, str) else headers,
-        received_at=received,
-        status=EventStatus(row.status),
-        attempts=row.attempts,
-    )
 
 
 class Worker:
@@ -96,24 +72,27 @@ class Worker:
         self.concurrency = concurrency
         # Events per processing transaction, at most: one commit serves them all.
         self.batch_size = batch_size or 32
+        self.engine = app.engine
+        self.kind = app.engine_kind
+        self.queue = WorkQueue(self.kind)
         # PostgreSQL workers wake on NOTIFY and poll only as a fallback; SQLite
         # has no notifications, and a claim that finds nothing is a cheap
         # indexed read of a local file, so it polls often.
-        default_poll = 1.0 if app.engine_kind == "postgresql" else 0.1
+        default_poll = 1.0 if self.queue.notifies else 0.1
         self.poll_interval = min(poll_interval or default_poll, 1.0)
         self.lease = app.lease_seconds
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:x}"
-        self.engine = app.engine
-        self.kind = app.engine_kind
         # How long a batch may hold SQLite's write lock while a receiver waits
         # (see BatchProcessor.process); 0, one transaction per batch, is the
         # default on PostgreSQL, where a batch locks only its own rows.
         budget = transaction_budget if transaction_budget is not None else app.transaction_budget
         self.transaction_budget = (
-            budget if budget is not None else (0.01 if self.kind == "sqlite" else 0.0)
+            budget if budget is not None else (0.01 if self.queue.single_writer else 0.0)
         )
         if self.transaction_budget < 0:
             raise ValueError("transaction_budget must be >= 0")
+        # The effect ledger's and the outbox's statements, which the outbox
+        # runner and the handlers' contexts take (not the work queue's).
         self.q = QUERIES[self.kind]
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -137,7 +116,8 @@ class Worker:
         )
         self.batches = BatchProcessor(
             app,
-            self.q,
+            self.queue,
+            context_queries=self.q,
             owner=self.name,
             transaction_budget=self.transaction_budget,
             write_lock=write_lock_of(self.engine),
@@ -147,7 +127,7 @@ class Worker:
         )
         self.leases = LeaseKeeper(
             self.engine,
-            self.q,
+            self.queue,
             owner=self.name,
             lease=self.lease,
             held=self._held_ids,
@@ -182,7 +162,7 @@ class Worker:
         threading.Thread(
             target=self.leases.run, args=(self._stop,), name="onceonly-leases", daemon=True
         ).start()
-        if self.kind == "postgresql":
+        if self.queue.notifies:
             threading.Thread(target=self._listen, name="onceonly-listen", daemon=True).start()
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="onceonly-handler")
         next_sweep = 0.0
@@ -247,7 +227,7 @@ class Worker:
             try:
                 migrate_blocking(self.app.database_url)
                 return True
-            except (StoreUnavailable, *DatabaseError) as exc:
+            except (StoreUnavailable, OSError) as exc:
                 self._database_failed("start", exc)
                 log.warning("database not reachable at start, retrying in 1 s: %s", exc)
                 self._stop.wait(1.0)
@@ -255,27 +235,23 @@ class Worker:
 
     # Claiming.
 
-    def _params(self, **extra: Any) -> dict[str, Any]:
-        return {"owner": self.name, "lease": self.lease, "now": time.time(), **extra}
-
     def _claim(self, n: int) -> list[Claimed]:
         try:
-            with self.engine.begin() as conn:
-                rows = conn.execute(sa.text(self.q.claim), self._params(n=n)).all()
-        except DatabaseError as exc:
+            claimed = self.queue.claim(self.engine, n, owner=self.name, lease=self.lease)
+        except StoreError as exc:
             self._database_failed("claim", exc)
             # Backed off, doubling up to 5 s: a database that is away is not
             # hammered by every worker at once, and a short blip costs little.
             self._db_failures += 1
             pause = min(5.0, self.poll_interval * 2 ** min(self._db_failures, 8))
-            log.warning("claim failed (retry in %.1f s): %s", pause, getattr(exc, "orig", exc))
+            log.warning("claim failed (retry in %.1f s): %s", pause, exc)
             self._stop.wait(pause)
             return []
         if self._db_failures:
             log.info("database reachable again after %d failed claims", self._db_failures)
             self._db_failures = 0
         self.metrics.worker_database_ok()
-        return [Claimed(_event_from_row(row), row.fence) for row in rows]
+        return claimed
 
     def _database_failed(self, operation: str, exc: BaseException) -> None:
         self.metrics.worker_database_error(operation)
@@ -284,13 +260,10 @@ class Worker:
         """Events claimable now; None when the database cannot say (it is
         down: ``run_until_idle`` then waits, as the worker itself does)."""
         try:
-            with self.engine.connect() as conn:
-                return int(
-                    conn.execute(sa.text(self.q.due_count), {"now": time.time()}).scalar_one()
-                )
-        except DatabaseError as exc:
+            return self.queue.due_count(self.engine)
+        except StoreError as exc:
             self._database_failed("due-count", exc)
-            log.warning("could not count due events: %s", getattr(exc, "orig", exc))
+            log.warning("could not count due events: %s", exc)
             return None
 
     def _done(self, future: Future[None]) -> None:
@@ -313,7 +286,7 @@ class Worker:
             self._started.update(ids)
         try:
             self.batches.process(chunk)
-        except DatabaseError as exc:
+        except StoreError as exc:
             self._database_failed("batch", exc)
             log.warning("events %s: database error (leases will expire): %s", ids, exc)
         except Exception:  # never let one batch kill the worker thread
@@ -346,19 +319,15 @@ class Worker:
 
     def _listen(self) -> None:
         """LISTEN on PostgreSQL: a new event wakes the claim loop at once."""
-        import psycopg
-
-        dsn = DatabaseURL.parse(self.app.database_url).postgres_dsn
-        while not self._stop.is_set():
-            try:
-                with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
-                    conn.execute("LISTEN onceonly_events")
-                    while not self._stop.is_set():
-                        for _ in conn.notifies(timeout=0.5, stop_after=1):
-                            self._wake.set()
-            except psycopg.Error as exc:
-                log.warning("LISTEN connection lost (polling meanwhile): %s", exc)
-                self._stop.wait(1.0)
+        with EventNotifications(self.app.database_url) as notifications:
+            while not self._stop.is_set():
+                try:
+                    # Short waits, so that a stop is noticed within half a second.
+                    if notifications.wait(0.5):
+                        self._wake.set()
+                except StoreError as exc:
+                    log.warning("LISTEN connection lost (polling meanwhile): %s", exc)
+                    self._stop.wait(1.0)
 
     def install_signals(self) -> None:
         """Make SIGTERM and SIGINT stop this worker cleanly (main thread only)."""

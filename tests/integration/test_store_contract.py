@@ -6,13 +6,19 @@ same answers, so the double cannot drift from what the databases do.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from onceonly import EventStatus, NewEvent, create_store
+from onceonly._exceptions import PayloadPurged, StoreError, StoreUnavailable
 from onceonly.store import Store
+from onceonly.store.engine import create_engine, transaction
 from onceonly.store.memory import MemoryStore
+from onceonly.store.work_queue import WorkQueue
 from support import ENGINES
 
 
@@ -97,6 +103,177 @@ async def test_listing_filters_and_pages_newest_first(store: Store) -> None:
     assert [e.id for e in page + rest] == [e.id for e in everything]
     assert await store.list_events(status=EventStatus.PROCESSED) == []
     assert len(await store.list_events(status=EventStatus.PENDING, limit=100)) == 7
+
+
+class TestWorkQueue:
+    """The worker's queue (store/work_queue.py) on each database: there is no
+    in-memory double of it, the worker runs on SQLAlchemy engines only."""
+
+    @pytest.fixture(params=ENGINES)
+    def kind(self, request: pytest.FixtureRequest) -> str:
+        return str(request.param)
+
+    @pytest.fixture
+    def db(self, url: str | None, store: Store) -> Iterator[sa.Engine]:
+        """An engine on the store's (migrated) database."""
+        assert url is not None
+        engine = create_engine(url)
+        yield engine
+        engine.dispose()
+
+    @pytest.fixture
+    def queue(self, kind: str) -> WorkQueue:
+        return WorkQueue(kind)
+
+    @staticmethod
+    async def due(store: Store, *event_ids: str) -> list[int]:
+        receipts = await store.insert_events([new(e) for e in event_ids])
+        return [r.id for r in receipts if r.id is not None]
+
+    @staticmethod
+    def status(db: sa.Engine, id: int) -> tuple[str, int]:
+        with db.connect() as conn:
+            row = conn.execute(
+                sa.text("SELECT status, attempts FROM onceonly_events WHERE id = :id"), {"id": id}
+            ).one()
+        return str(row.status), int(row.attempts)
+
+    async def test_a_claim_takes_what_is_due_once(
+        self, store: Store, db: sa.Engine, queue: WorkQueue
+    ) -> None:
+        ids = await self.due(store, "evt_1", "evt_2", "evt_3")
+        assert queue.due_count(db) == 3
+        first = queue.claim(db, 2, owner="w1", lease=60)
+        assert [c.event.id for c in first] == ids[:2]
+        got = first[0].event
+        assert (got.provider, got.event_id, got.body, got.headers) == (
+            "stripe",
+            "evt_1",
+            b"{}",
+            {"x-test": "evt_1"},
+        )
+        assert (got.status, got.attempts, first[0].fence) == (EventStatus.PROCESSING, 1, 1)
+        assert got.received_at.tzinfo is not None
+        assert queue.due_count(db) == 1
+        assert [c.event.id for c in queue.claim(db, 10, owner="w2", lease=60)] == ids[2:]
+        assert queue.claim(db, 10, owner="w2", lease=60) == []
+        assert queue.due_count(db) == 0
+
+    async def test_an_expired_lease_is_claimed_again_and_the_old_claim_is_lost(
+        self, store: Store, db: sa.Engine, queue: WorkQueue
+    ) -> None:
+        (id,) = await self.due(store, "evt_1")
+        (stale,) = queue.claim(db, 1, owner="dead", lease=0.1)
+        await asyncio.sleep(0.3)
+        assert queue.due_count(db) == 1
+        (fresh,) = queue.claim(db, 1, owner="alive", lease=60)
+        assert (fresh.event.id, fresh.fence, fresh.event.attempts) == (id, 2, 2)
+        with transaction(db, "test") as conn:
+            assert queue.lock_events(conn, [stale, fresh]) == {id}
+            queue.mark_processed(conn, [(stale, "h")])  # the lost claim writes nothing
+        assert self.status(db, id) == ("processing", 2)
+
+    async def test_marks_processed_and_failed(
+        self, store: Store, db: sa.Engine, queue: WorkQueue
+    ) -> None:
+        ok, retry, dead = await self.due(store, "evt_ok", "evt_retry", "evt_dead")
+        claimed = {c.event.id: c for c in queue.claim(db, 3, owner="w", lease=60)}
+        with transaction(db, "test") as conn:
+            assert queue.lock_events(conn, list(claimed.values())) == {ok, retry, dead}
+            queue.mark_processed(conn, [(claimed[ok], "handler")])
+            queue.mark_failed(conn, claimed[retry], dead=False, delay=0.0, error="E: again")
+            queue.mark_failed(conn, claimed[dead], dead=True, delay=0.0, error="E: never")
+            queue.insert_attempt(
+                conn,
+                claimed[dead],
+                worker="w",
+                outcome="dead",
+                error_type="E",
+                error_message="never",
+                traceback="Traceback ...",
+            )
+        assert [self.status(db, i)[0] for i in (ok, retry, dead)] == ["processed", "failed", "dead"]
+        assert queue.due_count(db) == 1  # the failed one, due again at once
+        (attempt,) = queue.attempts_of(db, dead)
+        assert (attempt.attempt, attempt.worker, attempt.outcome) == (1, "w", "dead")
+        assert (attempt.error_type, attempt.error_message) == ("E", "never")
+        assert attempt.finished_at
+        assert queue.attempts_of(db, ok) == []
+
+    async def test_a_release_gives_back_the_attempt(
+        self, store: Store, db: sa.Engine, queue: WorkQueue
+    ) -> None:
+        (id,) = await self.due(store, "evt_1")
+        claimed = queue.claim(db, 1, owner="w", lease=60)
+        queue.release(db, claimed)
+        assert self.status(db, id) == ("pending", 0)
+        assert queue.due_count(db) == 1
+        queue.release(db, claimed)  # a second time: the claim is no longer current
+        assert self.status(db, id) == ("pending", 0)
+
+    async def test_an_extended_lease_is_not_taken_over(
+        self, store: Store, db: sa.Engine, queue: WorkQueue
+    ) -> None:
+        await self.due(store, "evt_1", "evt_2")
+        mine, theirs = queue.claim(db, 2, owner="w", lease=0.2)
+        queue.extend_leases(db, [mine.event.id, theirs.event.id], owner="w", lease=60)
+        queue.extend_leases(db, [], owner="w", lease=60)
+        await asyncio.sleep(0.4)
+        assert queue.claim(db, 10, owner="other", lease=60) == []
+
+    async def test_replay_puts_finished_events_back_but_not_purged_ones(
+        self, store: Store, db: sa.Engine, queue: WorkQueue
+    ) -> None:
+        done, purged = await self.due(store, "evt_done", "evt_purged")
+        claimed = queue.claim(db, 2, owner="w", lease=60)
+        with transaction(db, "test") as conn:
+            queue.mark_processed(conn, [(c, "h") for c in claimed])
+            conn.execute(
+                sa.text(
+                    "UPDATE onceonly_events SET payload_purged_at = received_at WHERE id = :id"
+                ),
+                {"id": purged},
+            )
+        assert queue.replay(db, status="dead") == []
+        with pytest.raises(PayloadPurged):
+            queue.replay(db, id=purged)
+        assert queue.replay(db, id=done) == [done]
+        assert self.status(db, done) == ("pending", 0)
+        assert queue.replay(db, id=done) == []  # pending: in line already
+        assert queue.due_count(db) == 1
+
+    @pytest.fixture
+    def unreachable(self, kind: str, tmp_path: Path) -> Iterator[sa.Engine]:
+        """An engine on a database that cannot be reached."""
+        if kind == "sqlite":
+            (tmp_path / "file").write_text("")  # no directory can be made there
+            url = f"sqlite:///{tmp_path / 'file' / 'onceonly.db'}"
+        else:  # nothing listens on the discard port
+            url = "postgresql://postgres@127.0.0.1:9/test?connect_timeout=2"
+        engine = create_engine(url)
+        yield engine
+        engine.dispose()
+
+    def test_an_unreachable_database_raises_store_unavailable(
+        self, unreachable: sa.Engine, queue: WorkQueue
+    ) -> None:
+        with pytest.raises(StoreUnavailable, match="claiming events"):
+            queue.claim(unreachable, 1, owner="w", lease=60)
+        with pytest.raises(StoreUnavailable):
+            queue.due_count(unreachable)
+        with pytest.raises(StoreUnavailable):
+            queue.replay(unreachable)
+        with pytest.raises(StoreUnavailable), transaction(unreachable, "processing events"):
+            pass
+
+    async def test_a_transaction_translates_database_errors_only(
+        self, store: Store, db: sa.Engine
+    ) -> None:
+        with pytest.raises(StoreError, match=r"^test: ") as caught, transaction(db, "test") as conn:
+            conn.execute(sa.text("SELECT * FROM onceonly_nowhere"))
+        assert isinstance(caught.value.__cause__, sa.exc.DBAPIError)
+        with pytest.raises(LookupError), transaction(db, "test"):
+            raise LookupError("a handler's own error")
 
 
 async def test_migrating_again_changes_nothing(store: Store) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+import sqlalchemy as sa
 
 from onceonly import Event, NewEvent, Onceonly, create_store
 from onceonly.context import Context
@@ -167,3 +168,30 @@ def test_run_until_idle_waits_for_the_database_instead_of_raising(database_url: 
         shop.app.engine.dispose()
     assert shop.errors("due-count") >= 1
     assert shop.handled == {f"evt_{i}" for i in range(10)}
+
+
+def test_a_batch_whose_commit_fails_is_counted_and_done_again_later(database_url: str) -> None:
+    """The processing transaction's COMMIT failing (the connection cut at that
+    moment) is a database error of the batch like any statement's: counted,
+    nothing of the batch stays, and the event is done once its lease ran out."""
+    deliver(database_url, "evt_1")
+    shop = Shop(database_url)
+    failed = threading.Event()
+
+    def cut_once(connection: sa.Connection) -> None:
+        # Only the batch's commit: claims, leases and sweeps run on other threads.
+        if threading.current_thread().name.startswith("onceonly-handler") and not failed.is_set():
+            failed.set()
+            raise sa.exc.OperationalError("COMMIT", {}, ConnectionError("cut at commit"))
+
+    sa.event.listen(shop.app.engine, "commit", cut_once)
+    worker = shop.app.worker(concurrency=1, poll_interval=0.05)
+    try:
+        with worker_thread(worker) as thread:
+            wait_until("the failed commit", lambda: shop.errors("batch") == 1)
+            wait_until("the event done again", lambda: sum(shop.mails.values()) == 1)
+            assert thread.is_alive()
+    finally:
+        shop.app.engine.dispose()
+    assert list(shop.mails.values()) == [1]
+    assert worker.processed == 1

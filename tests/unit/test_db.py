@@ -1,11 +1,16 @@
-"""Database URLs as the SQLAlchemy engines see them (no connection is made)."""
+"""Database URLs as the SQLAlchemy engines see them (no connection is made).
+
+The engines live in ``onceonly.store.engine``; ``onceonly.db`` is the old name,
+kept for users' imports."""
 
 from __future__ import annotations
 
 import pytest
 
-from onceonly.db import create_engine
+import onceonly.db
 from onceonly.store import create_store
+from onceonly.store import engine as store_engine
+from onceonly.store.engine import create_engine
 from onceonly.store.postgres import PostgresStore
 
 
@@ -69,3 +74,9 @@ def test_a_single_host_url_is_left_as_it_is() -> None:
         assert dict(engine.url.query) == {"application_name": "x"}
     finally:
         engine.dispose()
+
+
+def test_the_old_module_name_still_gives_the_engines() -> None:
+    assert onceonly.db.create_engine is store_engine.create_engine
+    assert onceonly.db.engine_kind is store_engine.engine_kind
+    assert onceonly.db.write_lock_of is store_engine.write_lock_of

@@ -27,6 +27,7 @@ from .._exceptions import StoreError, StoreRejected, StoreUnavailable
 from ..events import Event, EventStatus, NewEvent, Receipt
 from . import migrations
 from .base import Store, collapse, receipts
+from .rows import event_columns, event_from_row
 
 __all__ = ["PostgresStore"]
 
@@ -57,10 +58,7 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::int
 """
     + _ON_CONFLICT
 )
-_COLUMNS = (
-    "id, provider, event_id, event_type, body, headers, received_at, status, attempts, last_error,"
-    " duplicates, last_duplicate_at, payload_purged_at"
-)
+_COLUMNS = event_columns()
 # Any constant; it only has to be the same for every onceonly process.
 _MIGRATION_LOCK = 0x6F6E6365  # "once"
 
@@ -127,25 +125,6 @@ def redact(url: str) -> str:
         for name, sep, value in (p.partition("=") for p in parts.query.split("&") if p)
     )
     return urlunsplit(parts._replace(netloc=f"{userinfo}{at}{hosts}", query=query))
-
-
-def _to_event(row: asyncpg.Record) -> Event:
-    headers = row["headers"]
-    return Event(
-        id=row["id"],
-        provider=row["provider"],
-        event_id=row["event_id"],
-        event_type=row["event_type"],
-        body=bytes(row["body"]),
-        headers=json.loads(headers) if isinstance(headers, str) else headers,
-        received_at=row["received_at"],
-        status=EventStatus(row["status"]),
-        attempts=row["attempts"],
-        last_error=row["last_error"],
-        duplicates=row["duplicates"],
-        last_duplicate_at=row["last_duplicate_at"],
-        payload_purged_at=row["payload_purged_at"],
-    )
 
 
 class PostgresStore(Store):
@@ -376,12 +355,12 @@ class PostgresStore(Store):
                 before_id,
                 limit,
             )
-        return [_to_event(r) for r in rows]
+        return [event_from_row(r) for r in rows]
 
     async def get_event(self, id: int) -> Event | None:
         async with self._connection() as conn:
             row = await conn.fetchrow(f"SELECT {_COLUMNS} FROM onceonly_events WHERE id = $1", id)
-        return _to_event(row) if row else None
+        return event_from_row(row) if row else None
 
     async def find_event(self, provider: str, event_id: str) -> Event | None:
         async with self._connection() as conn:
@@ -390,4 +369,4 @@ class PostgresStore(Store):
                 provider,
                 event_id,
             )
-        return _to_event(row) if row else None
+        return event_from_row(row) if row else None

@@ -15,7 +15,6 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,6 +22,7 @@ from .._exceptions import StoreError, StoreRejected, StoreUnavailable
 from ..events import Event, EventStatus, NewEvent, Receipt
 from . import migrations
 from .base import Store, collapse, receipts
+from .rows import event_columns, event_from_row
 from .write_lock import WriteLock
 
 __all__ = ["SQLiteStore", "configure", "connect", "wal_mode"]
@@ -46,10 +46,7 @@ _INSERT_TAIL = (
     " RETURNING provider, event_id, id, duplicates"
 )
 _ROWS_PER_STATEMENT = 5000
-_COLUMNS = (
-    "id, provider, event_id, event_type, body, headers, received_at, status, attempts, last_error,"
-    " duplicates, last_duplicate_at, payload_purged_at"
-)
+_COLUMNS = event_columns()
 
 # Errors that mean "the database cannot take this now" rather than a bug:
 # locked past busy_timeout, disk full, I/O error, file unopenable.
@@ -128,33 +125,6 @@ def connect(path: str, busy_timeout_ms: int) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
-
-
-def _moment(text: str | None) -> datetime | None:
-    if text is None:
-        return None
-    moment = datetime.fromisoformat(text)
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-
-
-def _to_event(row: tuple[Any, ...]) -> Event:
-    received = _moment(row[6])
-    assert received is not None
-    return Event(
-        id=row[0],
-        provider=row[1],
-        event_id=row[2],
-        event_type=row[3],
-        body=bytes(row[4]),
-        headers=json.loads(row[5]),
-        received_at=received,
-        status=EventStatus(row[7]),
-        attempts=row[8],
-        last_error=row[9],
-        duplicates=row[10],
-        last_duplicate_at=_moment(row[11]),
-        payload_purged_at=_moment(row[12]),
-    )
 
 
 class SQLiteStore(Store):
@@ -330,12 +300,12 @@ class SQLiteStore(Store):
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         sql = f"SELECT {_COLUMNS} FROM onceonly_events {clause} ORDER BY id DESC LIMIT ?"
         rows = await self._run(lambda conn: conn.execute(sql, (*params, limit)).fetchall())
-        return [_to_event(row) for row in rows]
+        return [event_from_row(row) for row in rows]
 
     async def _one(self, sql: str, params: tuple[Any, ...]) -> Event | None:
         await self._ensure_open()
         row = await self._run(lambda conn: conn.execute(sql, params).fetchone())
-        return _to_event(row) if row else None
+        return event_from_row(row) if row else None
 
     async def get_event(self, id: int) -> Event | None:
         return await self._one(f"SELECT {_COLUMNS} FROM onceonly_events WHERE id = ?", (id,))
