@@ -26,6 +26,7 @@ from ._exceptions import (
     StoreUnavailable,
     UnknownProvider,
 )
+from ._version import __version__
 
 if TYPE_CHECKING:
     from .config import Onceonly, load_app
@@ -90,8 +91,6 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
-
-__version__ = "0.1.0"
 
 __all__ = [
     "ApiError",

@@ -32,7 +32,7 @@ from .store.write_lock import WriteLock
 if TYPE_CHECKING:
     import sqlalchemy as sa
 
-    from .config import Onceonly
+    from .deployment import Deployment
     from .outbox import OutboxRunner
     from .queries import Queries
 
@@ -55,7 +55,7 @@ class BatchProcessor:
 
     def __init__(
         self,
-        app: Onceonly,
+        app: Deployment,
         queue: WorkQueue,
         *,
         context_queries: Queries,
@@ -77,6 +77,7 @@ class BatchProcessor:
         self.write_lock = write_lock
         self.outbox = outbox
         self.metrics = app.metrics
+        self.max_attempts = app.settings.worker.max_attempts
         self._loop = loop
         self._delay = delay
         self.processed = 0
@@ -92,7 +93,9 @@ class BatchProcessor:
         rest goes on in a new transaction, so the receiver gets the lock between
         the two.
         """
-        prefetched = prefetch(self.app, [c.event for c in batch], self._loop)
+        prefetched = prefetch(
+            self.app.handlers, self.app.api_clients, [c.event for c in batch], self._loop
+        )
         remaining = batch
         while remaining:
             remaining = self._slice(remaining, prefetched)
@@ -176,7 +179,7 @@ class BatchProcessor:
         event = item.event
         registration = self.app.handlers.resolve(event.provider, event.event_type)
         name = registration.name if registration else None
-        if event.attempts > self.app.max_attempts:
+        if event.attempts > self.max_attempts:
             # Claimed again after workers died on it max_attempts times.
             return RuntimeError("the worker died during every attempt"), name
         if registration is None:
@@ -234,7 +237,7 @@ class BatchProcessor:
             item.event.id,
             handler or "no handler",
             attempt,
-            self.app.max_attempts,
+            self.max_attempts,
             "; now dead" if dead else f"; retry in {delay:.1f} s",
             type(exc).__name__,
             exc,
@@ -254,4 +257,4 @@ class BatchProcessor:
 
     def is_last(self, item: Claimed) -> bool:
         """Whether a failure of this attempt makes the event dead."""
-        return item.event.attempts >= self.app.max_attempts
+        return item.event.attempts >= self.max_attempts

@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .clients import ApiClient, Target
 from .events import Event
 
 if TYPE_CHECKING:
-    from .config import Onceonly
+    from .handlers import HandlerRegistry
 
 __all__ = ["prefetch"]
 
 
 def prefetch(
-    app: Onceonly, events: Sequence[Event], loop: Callable[[], asyncio.AbstractEventLoop]
+    handlers: HandlerRegistry,
+    api_clients: Mapping[str, ApiClient],
+    events: Sequence[Event],
+    loop: Callable[[], asyncio.AbstractEventLoop],
 ) -> dict[int, dict[Target, Any]]:
     """Read what handlers registered with ``prefetch`` will ``ctx.fetch()``,
     before their transaction opens and concurrently across the batch.
@@ -25,12 +28,12 @@ def prefetch(
     SQLite, the database's only write lock, which the receiver needs). A
     failed read is kept and raised by ``ctx.fetch()`` in the handler.
     """
-    if not app.api_clients:
+    if not api_clients:
         return {}  # the common case: nothing to read, nothing to resolve
     wanted: dict[tuple[int, Target], tuple[ApiClient, list[int]]] = {}
     for event in events:
-        registration = app.handlers.resolve(event.provider, event.event_type)
-        client = app.api_clients.get(event.provider)
+        registration = handlers.resolve(event.provider, event.event_type)
+        client = api_clients.get(event.provider)
         if registration is None or client is None:
             continue
         for kind in registration.prefetch:

@@ -37,7 +37,7 @@ from .store.retention import RetentionRecords
 if TYPE_CHECKING:
     import sqlalchemy as sa
 
-    from .config import Onceonly
+    from .deployment import Deployment
     from .ledger import EffectLedger
 
 __all__ = [
@@ -134,7 +134,7 @@ def _walk(batch: Callable[[int], list[int]]) -> Iterator[list[int]]:
 
 
 def purge(
-    app: Onceonly,
+    app: Deployment,
     *,
     older_than: timedelta | str | None = None,
     keep_ids: timedelta | str | None = None,
@@ -147,9 +147,13 @@ def purge(
     Blocking; creates or upgrades the tables first, as every command does.
     """
     payloads_age = (
-        duration(older_than, "--older-than") if older_than is not None else app.retention_payloads
+        duration(older_than, "--older-than")
+        if older_than is not None
+        else app.settings.retention.payloads
     )
-    ids_age = duration(keep_ids, "--keep-ids") if keep_ids is not None else app.retention_ids
+    ids_age = (
+        duration(keep_ids, "--keep-ids") if keep_ids is not None else app.settings.retention.ids
+    )
     if ids_age < payloads_age:
         raise ConfigurationError(
             f"--keep-ids ({ids_age}) is shorter than --older-than ({payloads_age}): the dedup "
@@ -159,7 +163,7 @@ def purge(
         raise ConfigurationError("batch size must be at least 1")
     from .store import migrate_blocking
 
-    migrate_blocking(app.database_url)
+    migrate_blocking(app.settings.database_url)
     engine = app.engine
     records = RetentionRecords(app.engine_kind)
     now = datetime.now(UTC)
@@ -206,7 +210,9 @@ def purge(
             totals.forget(purged)
 
     keys = _expired_keys(app, dry_run=dry_run)
-    jobs = app.guard().purge(dry_run=dry_run)
+    from .guard import Guard
+
+    jobs = Guard(app.settings.database_url, engine=engine).purge(dry_run=dry_run)
     return PurgeReport(
         dry_run=dry_run,
         payload_cutoff=payload_cutoff,
@@ -221,7 +227,7 @@ def purge(
     )
 
 
-def _expired_keys(app: Onceonly, *, dry_run: bool) -> int:
+def _expired_keys(app: Deployment, *, dry_run: bool) -> int:
     """Count (dry run) or delete expired Idempotency-Key records, with the key
     store's own purge."""
     now = time.time()
@@ -232,7 +238,7 @@ def _expired_keys(app: Onceonly, *, dry_run: bool) -> int:
     from .store import create_store
 
     async def work() -> int:
-        store = create_store(app.database_url, auto_migrate=False)
+        store = create_store(app.settings.database_url, auto_migrate=False)
         try:
             return await key_store_for(store).purge(now=now)
         finally:

@@ -46,7 +46,7 @@ from .store.notifications import EventNotifications
 from .store.work_queue import WorkQueue
 
 if TYPE_CHECKING:
-    from .config import Onceonly
+    from .deployment import Deployment
 
 __all__ = ["Claimed", "LeaseLost", "Worker", "backoff"]
 
@@ -58,7 +58,7 @@ class Worker:
 
     def __init__(
         self,
-        app: Onceonly,
+        app: Deployment,
         *,
         concurrency: int = 4,
         batch_size: int | None = None,
@@ -80,12 +80,15 @@ class Worker:
         # indexed read of a local file, so it polls often.
         default_poll = 1.0 if self.queue.notifies else 0.1
         self.poll_interval = min(poll_interval or default_poll, 1.0)
-        self.lease = app.lease_seconds
+        settings = app.settings.worker
+        self.lease = settings.lease_seconds
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:x}"
         # How long a batch may hold SQLite's write lock while a receiver waits
         # (see BatchProcessor.process); 0, one transaction per batch, is the
         # default on PostgreSQL, where a batch locks only its own rows.
-        budget = transaction_budget if transaction_budget is not None else app.transaction_budget
+        budget = (
+            transaction_budget if transaction_budget is not None else settings.transaction_budget
+        )
         self.transaction_budget = (
             budget if budget is not None else (0.01 if self.queue.single_writer else 0.0)
         )
@@ -108,8 +111,8 @@ class Worker:
             self.q,
             app.handlers.actions,
             owner=self.name,
-            lease=app.outbox_lease_seconds,
-            max_attempts=app.max_attempts,
+            lease=settings.outbox_lease,
+            max_attempts=settings.max_attempts,
             delay=self._delay,
             loop=self._loop,
             on_database_error=self._database_failed,
@@ -225,7 +228,7 @@ class Worker:
         """
         while not self._stop.is_set():
             try:
-                migrate_blocking(self.app.database_url)
+                migrate_blocking(self.app.settings.database_url)
                 return True
             except (StoreUnavailable, OSError) as exc:
                 self._database_failed("start", exc)
@@ -313,13 +316,14 @@ class Worker:
             return list(self._held)
 
     def _delay(self, attempt: int) -> float:
-        return backoff(attempt, base=self.app.retry_base, cap=self.app.retry_cap)
+        retry = self.app.settings.worker
+        return backoff(attempt, base=retry.retry_base, cap=retry.retry_cap)
 
     # Waking up.
 
     def _listen(self) -> None:
         """LISTEN on PostgreSQL: a new event wakes the claim loop at once."""
-        with EventNotifications(self.app.database_url) as notifications:
+        with EventNotifications(self.app.settings.database_url) as notifications:
             while not self._stop.is_set():
                 try:
                     # Short waits, so that a stop is noticed within half a second.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .. import __version__
+from .._version import __version__
 from ..demo.command import demo_command
 from ..dev.cli import dev
 from ..importer.command import import_command

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from .. import __version__
+from .._version import __version__
 from .options import LOG_LEVEL, app_options, configure_logging, errors, fail_cleanly, load
 
 __all__ = ["serve", "worker"]

@@ -21,7 +21,7 @@ from .app import Dashboard
 from .redaction import Redactor
 
 if TYPE_CHECKING:
-    from ..config import Onceonly
+    from ..deployment import Deployment
 
 __all__ = [
     "MIN_TOKEN_LENGTH",
@@ -63,7 +63,7 @@ class DashboardMount:
         await self.app(scope, receive, send)
 
 
-def for_serve(app: Onceonly, server: ASGIApp, *, host: str, port: int) -> ASGIApp:
+def for_serve(app: Deployment, server: ASGIApp, *, host: str, port: int) -> ASGIApp:
     """`server` with the dashboard mounted, when it is safe to: ``onceonly serve``'s rule.
 
     Without a token, the dashboard is for this machine only; serving it on a
@@ -71,11 +71,12 @@ def for_serve(app: Onceonly, server: ASGIApp, *, host: str, port: int) -> ASGIAp
     the event payloads and the network, so it is not mounted at all, and the
     log says so.
     """
-    path = app.dashboard_path
+    settings = app.settings.dashboard
+    path = settings.path
     if path is None:
         log.info("dashboard: off")
         return server
-    if app.dashboard_token is None and not is_loopback_host(host):
+    if settings.token is None and not is_loopback_host(host):
         log.warning(
             "dashboard: disabled, because serve binds %s (not loopback) and no "
             "ONCEONLY_DASHBOARD_TOKEN is set; set one to serve the dashboard there "
@@ -89,6 +90,6 @@ def for_serve(app: Onceonly, server: ASGIApp, *, host: str, port: int) -> ASGIAp
         shown,
         port,
         path,
-        "access token required" if app.dashboard_token else "this machine only, no token",
+        "access token required" if settings.token else "this machine only, no token",
     )
-    return DashboardMount(server, app.dashboard(), path)
+    return DashboardMount(server, Dashboard(app), path)

@@ -21,8 +21,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route, Router
 
-from .. import __version__
 from .._exceptions import StoreError
+from .._version import __version__
 from ..asgi import Message, Receive, Scope, Send
 from ..events import EventStatus
 from ..operations import DASHBOARD_REPLAYABLE, replay
@@ -32,7 +32,7 @@ from .redaction import Redactor
 from .sessions import SESSION_SECONDS, Sessions
 
 if TYPE_CHECKING:
-    from ..config import Onceonly
+    from ..deployment import Deployment
 
 __all__ = ["Dashboard"]
 
@@ -97,10 +97,11 @@ class Dashboard:
     Access follows ``dashboard_token`` (see :mod:`onceonly.dashboard.access`).
     """
 
-    def __init__(self, app: Onceonly) -> None:
+    def __init__(self, app: Deployment) -> None:
         self.onceonly = app
-        self.access = Access(app.dashboard_token)
-        self.redactor = Redactor(app.dashboard_redact)
+        settings = app.settings.dashboard
+        self.access = Access(settings.token)
+        self.redactor = Redactor(settings.redact)
         self.reader = EventReader(app)
         self.sessions = Sessions(lambda: self.reader.engine, kind=app.engine_kind)
         self.templates = jinja2.Environment(

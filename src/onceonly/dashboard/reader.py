@@ -20,7 +20,7 @@ from ..store.history import Attempt, EventHistory, EventSummary, reading_engine
 if TYPE_CHECKING:
     import sqlalchemy as sa
 
-    from ..config import Onceonly
+    from ..deployment import Deployment
 
 __all__ = ["Counts", "EventDetail", "EventReader", "EventRow", "format_time"]
 
@@ -126,7 +126,7 @@ def format_time(value: Any) -> str:
 class EventReader:
     """Read-only queries for one :class:`~onceonly.Onceonly` deployment."""
 
-    def __init__(self, app: Onceonly) -> None:
+    def __init__(self, app: Deployment) -> None:
         self.app = app
         self.history = EventHistory(app.engine_kind)
         self._engine: sa.Engine | None = None
@@ -134,7 +134,7 @@ class EventReader:
     @property
     def engine(self) -> sa.Engine:
         if self._engine is None:
-            self._engine = reading_engine(self.app.database_url, lambda: self.app.engine)
+            self._engine = reading_engine(self.app.settings.database_url, lambda: self.app.engine)
         return self._engine
 
     def close(self) -> None:
