@@ -26,7 +26,6 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import sqlalchemy as sa
 
@@ -55,7 +54,7 @@ class OutboxRunner:
     def __init__(
         self,
         engine: sa.Engine,
-        records: OutboxRecords | Any,
+        records: OutboxRecords | object,
         actions: dict[str, Action],
         *,
         owner: str,
