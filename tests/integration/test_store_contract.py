@@ -494,3 +494,30 @@ def test_handler_savepoints_undo_one_handler_and_keep_the_others(kind: str, db: 
     with db.connect() as conn:
         kept = conn.exec_driver_sql("SELECT x FROM handler_rows ORDER BY x").scalars().all()
     assert kept == ([1, 3, 4] if kind == "sqlite" else [1, 4])
+
+
+@pytest.mark.parametrize("kind", [e for e in ENGINES if e == "sqlite"], indirect=True)
+def test_sqlite_record_times_come_from_the_repositorys_clock(kind: str, db: sa.Engine) -> None:
+    # PostgreSQL reads the server's clock (many machines, one clock); SQLite,
+    # on one machine, the clock the repository was given.
+    now = [1_000_000.0]
+    outbox = OutboxRecords(kind, clock=lambda: now[0])
+    jobs = JobRecords(kind, clock=lambda: now[0])
+    with db.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO onceonly_outbox (event_pk, action, payload) VALUES (NULL, 'a', '1')"
+        )
+    assert len(outbox.claim(db, 10, owner="dies", lease=30.0)) == 1
+    assert jobs.claim(db, "k", owner="dies", lease=30.0) == 1
+    now[0] += 29.0  # leases still running
+    assert outbox.claim(db, 10, owner="other", lease=30.0) == []
+    with jobs.transaction(db) as conn:
+        assert jobs.take_over(conn, "k", fence=1, owner="other", lease=30.0) is None
+    now[0] += 2.0  # both leases ran out
+    (row,) = outbox.claim(db, 10, owner="other", lease=30.0)
+    assert row.fence == 2
+    with jobs.transaction(db) as conn:
+        running = jobs.read(conn, "k")
+        assert running is not None
+        assert running.expired is True
+        assert jobs.take_over(conn, "k", fence=1, owner="other", lease=30.0) == 2
