@@ -33,13 +33,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from ._exceptions import ConfigurationError, EffectError
@@ -47,7 +45,8 @@ from .clients import ApiClient, Target
 from .events import Event
 from .ledger import EffectLedger
 from .providers.base import env_name
-from .queries import Queries
+from .store.outbox import OutboxRecords
+from .store.savepoints import HandlerSavepoints  # re-exported: the batch opens them
 
 __all__ = ["AttemptServices", "Context", "EffectError", "HandlerSavepoints", "effect_key"]
 
@@ -64,15 +63,19 @@ def effect_key(provider: str, event_id: str, name: str) -> str:
 @dataclass(frozen=True, slots=True)
 class AttemptServices:
     """What the worker lends a handler's attempt: the effect ledger, the
-    outbox's statements and actions, the API clients for ``fetch()``, the
-    worker thread's event loop, and the answers it prefetched."""
+    outbox's actions and records, the API clients for ``fetch()``, the worker
+    thread's event loop, and the answers it prefetched."""
 
     ledger: EffectLedger
-    queries: Queries
     actions: frozenset[str]
     api_clients: Mapping[str, ApiClient] = field(default_factory=dict)
     event_loop: Callable[[], asyncio.AbstractEventLoop] | None = None
     fetched: Mapping[Target, dict[str, Any] | Exception] = field(default_factory=dict)
+    #: The outbox's statements; by default those of the attempt's database.
+    outbox: OutboxRecords | None = None
+    #: Transitional (issue 15): the worker's old statement table, no longer
+    #: read; accepted until batch.py stops passing it.
+    queries: object = None
 
 
 @dataclass
@@ -88,7 +91,7 @@ class Context:
     #: 1 for the first attempt.
     attempt: int
     _ledger: EffectLedger
-    _queries: Queries
+    _outbox: OutboxRecords
     _actions: frozenset[str]
     _session: Session | None = None
     _staged: bool = False
@@ -109,7 +112,7 @@ class Context:
             connection=connection,
             attempt=event.attempts,
             _ledger=services.ledger,
-            _queries=services.queries,
+            _outbox=services.outbox or OutboxRecords.of(connection),
             _actions=services.actions,
             _api_clients=services.api_clients,
             _event_loop=services.event_loop,
@@ -231,15 +234,8 @@ class Context:
             raise ConfigurationError(
                 f"no outbox action named {action!r}; register one with @app.action({action!r})"
             )
-        self.connection.execute(
-            sa.text(self._queries.stage),
-            {
-                "event_pk": self.event.id,
-                "action": action,
-                "payload": json.dumps(payload),
-                "now": time.time(),
-            },
-        )
+        # In the handler's transaction (and savepoint): a rollback unstages it.
+        self._outbox.stage(self.connection, self.event.id, action, json.dumps(payload))
         self._staged = True
 
     # The worker's side of an attempt.
@@ -263,57 +259,3 @@ class Context:
         if self._session is not None:
             self._session.close()
             self._session = None
-
-
-class HandlerSavepoints:
-    """A savepoint around each handler of a batch, opened only if it is needed.
-
-    Several events share one transaction (one commit for the batch), so each
-    handler's writes sit in a savepoint that its failure rolls back. The
-    savepoint is opened just before the handler's first statement: a handler
-    that never touches the database costs no round trip. One listener serves
-    the whole batch.
-    """
-
-    NAME = "onceonly_handler"
-
-    def __init__(self, connection: sa.Connection) -> None:
-        self.connection = connection
-        self._armed = False
-        self._open = False
-        event.listen(connection, "before_cursor_execute", self._before_statement)
-
-    def _before_statement(self, conn: sa.Connection, cursor: Any, *args: Any) -> None:
-        if self._armed and not self._open:
-            # Straight on the driver connection: invisible to SQLAlchemy's
-            # bookkeeping, and it does not re-enter this hook.
-            cursor.connection.execute(f"SAVEPOINT {self.NAME}")
-            self._open = True
-
-    def arm(self) -> None:
-        """A handler starts now."""
-        self._armed = True
-
-    def finish(self, *, success: bool) -> bool:
-        """The handler ended: keep its writes (True) or undo them (False).
-
-        A handler that returned normally can still have to be undone: one that
-        swallowed a database error leaves the savepoint unusable on PostgreSQL.
-        """
-        self._armed = False
-        if not self._open:
-            return success
-        if success:
-            try:
-                self.connection.exec_driver_sql(f"RELEASE SAVEPOINT {self.NAME}")
-                self._open = False
-                return True
-            except sa.exc.DBAPIError:
-                pass
-        self.connection.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {self.NAME}")
-        self.connection.exec_driver_sql(f"RELEASE SAVEPOINT {self.NAME}")
-        self._open = False
-        return False
-
-    def close(self) -> None:
-        event.remove(self.connection, "before_cursor_execute", self._before_statement)

@@ -38,7 +38,9 @@ Semantics of a key:
   Pick a horizon longer than any repeat you need to stop.
 
 The claim is one ``INSERT ... ON CONFLICT DO NOTHING``; take-overs are one
-conditional ``UPDATE``: the database decides who runs.
+conditional ``UPDATE``: the database decides who runs. The statements are
+:class:`~onceonly.store.jobs.JobRecords`'; a database error leaves the guard as
+a :class:`~onceonly.StoreError`.
 """
 
 from __future__ import annotations
@@ -51,18 +53,18 @@ import json
 import os
 import socket
 import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
-import sqlalchemy as sa
-
-from ._exceptions import JobConflict, JobInProgress
+from ._exceptions import JobConflict, JobInProgress, StoreError
 from .db import create_engine, engine_kind
-from .queries import QUERIES
 from .store import migrate_blocking
+from .store.jobs import JobRecords
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
 
 __all__ = ["DEFAULT_TTL", "Guard", "JobConflict", "JobInProgress", "Run", "fingerprint_of"]
 
@@ -121,28 +123,24 @@ class Guard:
             raise ValueError("ttl_seconds must be positive, or None to remember forever")
         self.database_url = database_url
         self.engine = engine or create_engine(database_url)
-        self.q = QUERIES[engine_kind(database_url)]
+        self.records = JobRecords(engine_kind(database_url))
         self._migrated = False
         self.lease = lease_seconds
         self.ttl = ttl_seconds
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
-
-    def _params(self, **extra: Any) -> dict[str, Any]:
-        base = {"owner": self.owner, "lease": self.lease, "now": time.time(), "fingerprint": None}
-        return {**base, **extra}
 
     def _acquire(self, key: str, fingerprint: str | None = None) -> tuple[int | None, Any]:
         """(fence, None) when acquired; (None, recorded result) when already done."""
         if not self._migrated:
             migrate_blocking(self.database_url)  # a Celery worker may be first to run
             self._migrated = True
-        params = self._params(key=key, fingerprint=fingerprint)
-        with self.engine.begin() as conn:
-            fence = conn.execute(sa.text(self.q.job_claim), params).scalar()
+        fence = self.records.claim(
+            self.engine, key, owner=self.owner, lease=self.lease, fingerprint=fingerprint
+        )
         if fence is not None:
-            return int(fence), None
-        with self.engine.begin() as conn:
-            row = conn.execute(sa.text(self.q.job_read), params).first()
+            return fence, None
+        with self.records.transaction(self.engine) as conn:
+            row = self.records.read(conn, key)
             if row is None:  # purged in between: claim again
                 return self._acquire(key, fingerprint)
             if row.status == "done" and not row.forgotten:
@@ -154,12 +152,17 @@ class Guard:
                 return None, json.loads(row.result) if row.result is not None else None
             if row.status == "running" and not row.expired:
                 raise JobInProgress(f"job {key!r} is running elsewhere; retry later")
-            taken = conn.execute(
-                sa.text(self.q.job_takeover), {**params, "fence": row.fence}
-            ).scalar()
+            taken = self.records.take_over(
+                conn,
+                key,
+                fence=row.fence,
+                owner=self.owner,
+                lease=self.lease,
+                fingerprint=fingerprint,
+            )
         if taken is None:
             raise JobInProgress(f"job {key!r} was just taken over by another caller")
-        return int(taken), None
+        return taken, None
 
     def _start(self, key: str, fingerprint: str | None) -> tuple[Run, _Held | None]:
         if not key:
@@ -177,19 +180,15 @@ class Guard:
     def _end(self, held: _Held, run: Run, exc: BaseException | None, ttl: float | None) -> None:
         held.stop.set()
         held.keeper.join()
-        params = {"key": held.key, "fence": held.fence, "now": time.time(), "ttl": ttl}
         if exc is not None:
-            with self.engine.begin() as conn:
-                error = f"{type(exc).__name__}: {exc}"[:2000]
-                conn.execute(sa.text(self.q.job_fail), {**params, "error": error})
+            error = f"{type(exc).__name__}: {exc}"[:2000]
+            self.records.fail(self.engine, held.key, fence=held.fence, error=error, ttl=ttl)
             return
         try:
             result = json.dumps(run.result)
         except (TypeError, ValueError):
             result = None
-        with self.engine.begin() as conn:
-            done = conn.execute(sa.text(self.q.job_finish), {**params, "result": result})
-        if done.rowcount != 1:
+        if not self.records.finish(self.engine, held.key, fence=held.fence, result=result, ttl=ttl):
             raise JobInProgress(
                 f"job {held.key!r}: this run's lease ran out and another caller took over; "
                 "its completion was not recorded"
@@ -297,18 +296,11 @@ class Guard:
         if not self._migrated:
             migrate_blocking(self.database_url)
             self._migrated = True
-        # The count is the purge's own statement with its verb swapped: both
-        # always select the same rows.
-        sql = self.q.job_purge.replace("DELETE", "SELECT count(*)", 1) if dry_run else None
-        with self.engine.begin() as conn:
-            if sql is not None:
-                return int(conn.execute(sa.text(sql), {"now": time.time()}).scalar_one())
-            return conn.execute(sa.text(self.q.job_purge), {"now": time.time()}).rowcount
+        return self.records.purge(self.engine, dry_run=dry_run)
 
     def _keep(self, key: str, fence: int, stop: threading.Event) -> None:
         while not stop.wait(self.lease / 3):
             try:
-                with self.engine.begin() as conn:
-                    conn.execute(sa.text(self.q.job_extend), self._params(key=key, fence=fence))
-            except sa.exc.DBAPIError:
+                self.records.extend(self.engine, key, fence=fence, lease=self.lease)
+            except StoreError:
                 continue  # the lease may run out; fencing keeps a take-over safe

@@ -14,32 +14,24 @@ file holds one table and no foreign key (SQLite cannot reference another
 file); event ids are never reused (``AUTOINCREMENT``), so a record's
 ``event_pk`` always names one event. Records that an earlier version wrote
 into the main file's ``onceonly_effects`` are still read from there.
+
+The statements, and that file's table, are in :mod:`onceonly.store.effects`.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any
-
-import sqlalchemy as sa
+from typing import TYPE_CHECKING
 
 from .db import create_engine, engine_kind
-from .queries import QUERIES
+from .store.effects import EffectRecords
 from .store.url import DatabaseURL
 
-__all__ = ["EffectLedger", "effects_url"]
+if TYPE_CHECKING:
+    import sqlalchemy as sa
 
-_SQLITE_TABLE = """
-    CREATE TABLE IF NOT EXISTS onceonly_effects (
-        event_pk INTEGER NOT NULL,
-        name TEXT NOT NULL,
-        key TEXT NOT NULL UNIQUE,
-        outcome TEXT NOT NULL,
-        recorded_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
-        PRIMARY KEY (event_pk, name)
-    )
-"""
+__all__ = ["EffectLedger", "effects_url"]
 
 
 def effects_url(database_url: str) -> str:
@@ -48,18 +40,24 @@ def effects_url(database_url: str) -> str:
 
 
 class EffectLedger:
-    """Reads and writes effect records for one deployment (thread-safe)."""
+    """Reads and writes effect records for one deployment (thread-safe).
+
+    The SQL is :class:`~onceonly.store.effects.EffectRecords`'; this class
+    decides which database each record is read from and written to. Errors
+    leave it as :class:`~onceonly.StoreError`.
+    """
 
     def __init__(self, database_url: str, engine: sa.Engine) -> None:
         self.kind = engine_kind(database_url)
-        self.q = QUERIES[self.kind]
+        self.records = EffectRecords(self.kind)
         self._main = engine
-        if self.kind == "sqlite":
-            self.engine = create_engine(effects_url(database_url))
-        else:
-            self.engine = engine
-        self._ready = self.kind != "sqlite"
-        self._legacy: bool | None = None if self.kind == "sqlite" else False
+        separate = self.records.separate_file
+        self.engine = create_engine(effects_url(database_url)) if separate else engine
+        self._ready = not separate
+        # Whether the main database holds records of an earlier version: only
+        # a separate file can leave some behind, and once none are there, none
+        # appear (nothing writes them any more).
+        self._legacy: bool | None = None if separate else False
         self._lock = threading.Lock()
 
     def prepare(self) -> None:
@@ -68,57 +66,42 @@ class EffectLedger:
             return
         with self._lock:
             if not self._ready:
-                with self.engine.begin() as conn:
-                    conn.exec_driver_sql(_SQLITE_TABLE)
+                self.records.create_table(self.engine)
                 self._ready = True
 
     def find(self, conn: sa.Connection, event_pk: int, name: str) -> str | None:
         """The recorded outcome (JSON) of effect `name` of an event, if any.
 
-        `conn` is the handler's connection: on PostgreSQL the record is read
-        there, on SQLite only for records an earlier version wrote into the
-        main file (looked for while that table holds any).
+        `conn` is the handler's connection: where the records live in the main
+        database the record is read there; with a separate file, only for
+        records an earlier version wrote into the main file (looked for while
+        that table holds any).
         """
-        params = {"event_pk": event_pk, "name": name}
-        if self.kind != "sqlite":
-            return self._scalar(conn, params)
+        if not self.records.separate_file:
+            return self.records.find(conn, event_pk, name)
         self.prepare()
-        with self.engine.connect() as own:
-            found = self._scalar(own, params)
+        found = self.records.find(self.engine, event_pk, name)
         if found is None and self._has_legacy(conn):
-            found = self._scalar(conn, params)
+            found = self.records.find(conn, event_pk, name)
         return found
-
-    def _scalar(self, conn: sa.Connection, params: dict[str, Any]) -> str | None:
-        row = conn.execute(sa.text(self.q.find_effect), params).first()
-        return None if row is None else str(row[0])
 
     def _has_legacy(self, conn: sa.Connection) -> bool:
         if self._legacy is None:
-            found = conn.exec_driver_sql("SELECT 1 FROM onceonly_effects LIMIT 1").first()
-            self._legacy = found is not None
+            self._legacy = self.records.any_record(conn)
         return self._legacy
 
     def record(self, event_pk: int, name: str, key: str, outcome: str) -> None:
         """Commit a record now, in a transaction of its own."""
         self.prepare()
-        params = {"event_pk": event_pk, "name": name, "key": key, "outcome": outcome}
-        with self.engine.begin() as conn:
-            conn.execute(sa.text(self.q.record_effect), params)
+        self.records.record(self.engine, event_pk, name, key, outcome)
 
     def forget(self, event_pks: Sequence[int], *, delete: bool) -> int:
         """Delete (or count) the records of these events kept outside the main
         database (retention); 0 where the records live in the main database."""
-        if self.kind != "sqlite" or not event_pks:
+        if not self.records.separate_file or not event_pks:
             return 0
         self.prepare()
-        verb = "DELETE" if delete else "SELECT count(*)"
-        statement = sa.text(f"{verb} FROM onceonly_effects WHERE event_pk IN :ids").bindparams(
-            sa.bindparam("ids", expanding=True)
-        )
-        with self.engine.begin() as conn:
-            result = conn.execute(statement, {"ids": list(event_pks)})
-            return result.rowcount if delete else int(result.scalar_one())
+        return self.records.forget(self.engine, event_pks, delete=delete)
 
     def dispose(self) -> None:
         if self.engine is not self._main:

@@ -13,6 +13,10 @@ After a successful send the row is marked ``sent``. If that mark fails (the
 database is away or locked), the runner keeps the row and retries the *mark*
 on each sweep, never the send. What remains at least once is a crash between
 the send and its mark: the next runner sends again, with the same key.
+
+The statements are :class:`~onceonly.store.outbox.OutboxRecords`'; a database
+error reaches the runner as a :class:`~onceonly.StoreError`, which it logs,
+reports and waits out.
 """
 
 from __future__ import annotations
@@ -21,22 +25,22 @@ import asyncio
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import sqlalchemy as sa
 
+from ._exceptions import StoreError
 from .handlers import Action
-from .queries import Queries
+from .store.outbox import OutboxRecords, OutboxRow
 
 __all__ = ["OutboxRunner", "outbox_key"]
 
 log = logging.getLogger("onceonly.outbox")
 
-#: What a database error looks like to the runner: anything the driver raised,
-#: including a connection that could not be made.
-DatabaseError = (sa.exc.DBAPIError, sa.exc.InterfaceError, OSError)
+#: Transitional, until worker.py and leases.py catch StoreError around their
+#: own statements (issue 15): what they catch as "a database error". The
+#: runner itself only sees StoreError.
+DatabaseError = (StoreError, sa.exc.DBAPIError, sa.exc.InterfaceError, OSError)
 
 
 def outbox_key(row_id: int) -> str:
@@ -50,7 +54,7 @@ class OutboxRunner:
     def __init__(
         self,
         engine: sa.Engine,
-        queries: Queries,
+        records: OutboxRecords | object,
         actions: dict[str, Action],
         *,
         owner: str,
@@ -61,7 +65,9 @@ class OutboxRunner:
         on_database_error: Callable[[str, BaseException], None] | None = None,
     ) -> None:
         self.engine = engine
-        self.q = queries
+        # Anything else is the worker's old statement table (until it passes
+        # OutboxRecords): the statements then follow the engine.
+        self.records = records if isinstance(records, OutboxRecords) else OutboxRecords.of(engine)
         self.actions = actions
         self.owner = owner
         self.lease = lease
@@ -75,24 +81,18 @@ class OutboxRunner:
         #: Rows sent whose ``sent`` mark did not land yet.
         self._unmarked: set[int] = set()
 
-    def _params(self, **extra: Any) -> dict[str, Any]:
-        return {"owner": self.owner, "lease": self.lease, "now": time.time(), **extra}
-
-    def _failed(self, operation: str, exc: BaseException) -> None:
-        log.warning("outbox %s failed (will retry): %s", operation, getattr(exc, "orig", exc))
+    def _failed(self, operation: str, exc: StoreError) -> None:
+        log.warning("outbox %s failed (will retry): %s", operation, exc)
         if self._on_database_error is not None:
             self._on_database_error(f"outbox-{operation}", exc)
 
     def run_for(self, event_pks: Sequence[int]) -> None:
         """Claim and send the rows staged by these just-committed events."""
-        pks = list(event_pks)
         try:
-            with self.engine.begin() as conn:
-                rows = conn.execute(
-                    sa.text(self.q.claim_outbox_of_events),
-                    self._params(pks=pks, pks_json=json.dumps(pks)),
-                ).all()
-        except DatabaseError as exc:
+            rows = self.records.claim_of_events(
+                self.engine, event_pks, owner=self.owner, lease=self.lease
+            )
+        except StoreError as exc:
             # Nothing claimed: the sweep (here or in another worker) takes them.
             self._failed("claim", exc)
             return
@@ -102,9 +102,8 @@ class OutboxRunner:
         """Retry marks that did not land, then claim and send rows nobody holds."""
         self._retry_marks()
         try:
-            with self.engine.begin() as conn:
-                rows = conn.execute(sa.text(self.q.claim_outbox), self._params(n=n)).all()
-        except DatabaseError as exc:
+            rows = self.records.claim(self.engine, n, owner=self.owner, lease=self.lease)
+        except StoreError as exc:
             self._failed("sweep", exc)
             return
         self._send_all(rows)
@@ -116,15 +115,11 @@ class OutboxRunner:
         if not ids:
             return
         try:
-            with self.engine.begin() as conn:
-                conn.execute(
-                    sa.text(self.q.extend_outbox_leases),
-                    self._params(ids=ids, ids_json=json.dumps(ids)),
-                )
-        except DatabaseError as exc:
+            self.records.extend_leases(self.engine, ids, owner=self.owner, lease=self.lease)
+        except StoreError as exc:
             self._failed("lease", exc)
 
-    def _send_all(self, rows: Sequence[Any]) -> None:
+    def _send_all(self, rows: Sequence[OutboxRow]) -> None:
         with self._lock:
             self._held.update({row.id: row.fence for row in rows})
         for row in rows:
@@ -135,7 +130,7 @@ class OutboxRunner:
             self._held.pop(row_id, None)
             self._unmarked.discard(row_id)
 
-    def _send(self, row: Any) -> None:
+    def _send(self, row: OutboxRow) -> None:
         action = self.actions.get(row.action)
         try:
             if action is None:
@@ -152,9 +147,8 @@ class OutboxRunner:
 
     def _mark_sent(self, row_id: int) -> bool:
         try:
-            with self.engine.begin() as conn:
-                conn.execute(sa.text(self.q.mark_sent), {"id": row_id})
-        except DatabaseError as exc:
+            self.records.mark_sent(self.engine, row_id)
+        except StoreError as exc:
             self._failed("mark", exc)
             return False
         self._let_go(row_id)
@@ -167,22 +161,18 @@ class OutboxRunner:
             if not self._mark_sent(row_id):
                 return  # the database is still away; the next sweep tries again
 
-    def _mark_failed(self, row: Any, exc: Exception) -> None:
+    def _mark_failed(self, row: OutboxRow, exc: Exception) -> None:
         attempt = row.attempts + 1
         log.warning("outbox %s (%s) attempt %d failed: %s", row.id, row.action, attempt, exc)
         try:
-            with self.engine.begin() as conn:
-                conn.execute(
-                    sa.text(self.q.mark_outbox_failed),
-                    self._params(
-                        id=row.id,
-                        fence=row.fence,
-                        dead=attempt >= self.max_attempts,
-                        error=f"{type(exc).__name__}: {exc}"[:2000],
-                        delay=self.delay(attempt),
-                    ),
-                )
-        except DatabaseError as db_exc:
+            self.records.mark_failed(
+                self.engine,
+                row,
+                error=f"{type(exc).__name__}: {exc}"[:2000],
+                delay=self.delay(attempt),
+                dead=attempt >= self.max_attempts,
+            )
+        except StoreError as db_exc:
             # Unrecorded, the row comes back when its lease expires: a retry
             # of a send that failed anyway.
             self._failed("mark", db_exc)

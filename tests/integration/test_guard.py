@@ -121,9 +121,8 @@ def test_a_dead_runner_is_taken_over_after_its_lease(database_url: str, guard: G
     short = Onceonly(database_url=database_url, environ={}).guard(lease_seconds=0.3)
     with short.once("warm-up"):
         pass
-    with short.engine.begin() as conn:
-        # What a runner killed with SIGKILL leaves behind: running, lease soon over.
-        conn.execute(sa.text(short.q.job_claim), short._params(key="orphan", owner="dead-host:1"))
+    # What a runner killed with SIGKILL leaves behind: running, lease soon over.
+    short.records.claim(short.engine, "orphan", owner="dead-host:1", lease=short.lease)
     with pytest.raises(JobInProgress):
         short._acquire("orphan")
     time.sleep(0.4)

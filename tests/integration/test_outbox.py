@@ -17,8 +17,8 @@ from onceonly import Event, NewEvent, Onceonly, create_store
 from onceonly.context import Context
 from onceonly.handlers import Action
 from onceonly.outbox import OutboxRunner, outbox_key
-from onceonly.queries import QUERIES
 from onceonly.store import migrate_blocking
+from onceonly.store.outbox import OutboxRecords
 from onceonly.worker import running
 
 
@@ -64,7 +64,7 @@ def runner(
     loop = asyncio.new_event_loop()
     return OutboxRunner(
         app.engine,
-        QUERIES[app.engine_kind],
+        OutboxRecords(app.engine_kind),
         actions,
         owner=owner,
         lease=lease,
@@ -155,8 +155,8 @@ def test_a_dead_runners_rows_are_swept_after_its_lease(app: Onceonly) -> None:
     (row_id,) = stage_rows(app, [None])
     never = Sends()
     dead = runner(app, "dead", {"email": never}, lease=0.5)
-    with app.engine.begin() as conn:  # claims it, then "dies" before sending
-        conn.execute(sa.text(dead.q.claim_outbox), dead._params(n=10))
+    # Claims it, then "dies" before sending.
+    dead.records.claim(app.engine, 10, owner=dead.owner, lease=dead.lease)
     sends = Sends()
     other = runner(app, "other", {"email": sends})
     other.sweep()

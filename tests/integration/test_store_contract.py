@@ -7,7 +7,9 @@ same answers, so the double cannot drift from what the databases do.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,9 +17,13 @@ import sqlalchemy as sa
 
 from onceonly import EventStatus, NewEvent, create_store
 from onceonly._exceptions import PayloadPurged, StoreError, StoreUnavailable
-from onceonly.store import Store
+from onceonly.store import Store, migrate_blocking
+from onceonly.store.effects import EffectRecords
 from onceonly.store.engine import create_engine, transaction
+from onceonly.store.jobs import JobRecords, JobRow
 from onceonly.store.memory import MemoryStore
+from onceonly.store.outbox import OutboxRecords, OutboxRow
+from onceonly.store.savepoints import HandlerSavepoints
 from onceonly.store.work_queue import WorkQueue
 from support import ENGINES
 
@@ -281,3 +287,237 @@ async def test_migrating_again_changes_nothing(store: Store) -> None:
     assert version > 0
     assert await store.migrate() == []
     assert await store.schema_version() == version
+
+
+# The record repositories (effect ledger, outbox, job guard) and the handler
+# savepoints, on SQLite and PostgreSQL: they run SQLAlchemy statements, which
+# the memory double has no counterpart for.
+
+records_engines = pytest.mark.parametrize("kind", ENGINES, indirect=True)
+
+
+@pytest.fixture
+def db(url: str | None) -> Iterator[sa.Engine]:
+    """A migrated database's engine (SQLite file or PostgreSQL database)."""
+    assert url is not None
+    migrate_blocking(url)
+    engine = create_engine(url)
+    yield engine
+    engine.dispose()
+
+
+def an_event(url: str | None, event_id: str = "evt_rec") -> int:
+    """A stored event's id (effect records reference one on PostgreSQL)."""
+    assert url is not None
+
+    async def insert() -> int:
+        async with create_store(url) as store:
+            (receipt,) = await store.insert_events([new(event_id)])
+            assert receipt.id is not None
+            return receipt.id
+
+    return asyncio.run(insert())
+
+
+def unreachable(kind: str, tmp_path: Path) -> sa.Engine:
+    """An engine on a database that cannot be reached."""
+    if kind == "sqlite":
+        return create_engine(f"sqlite:///{tmp_path / 'no-such-dir' / 'x.db'}")
+    return create_engine("postgresql://postgres@127.0.0.1:1/nowhere")
+
+
+@records_engines
+def test_effect_records_keep_the_first_outcome_until_forgotten(
+    kind: str, url: str | None, db: sa.Engine, tmp_path: Path
+) -> None:
+    records = EffectRecords(kind)
+    pk = an_event(url)
+    # Where the records live: a file of their own on SQLite, the main database
+    # (made by the migrations) on PostgreSQL.
+    assert records.separate_file is (kind == "sqlite")
+    home = create_engine(f"sqlite:///{tmp_path / 'effects.db'}") if records.separate_file else db
+    records.create_table(home)
+    records.create_table(home)  # again: nothing changes
+    with home.connect() as conn:
+        assert records.any_record(conn) is False
+    assert records.find(home, pk, "charge") is None
+    records.record(home, pk, "charge", "oo-key-1", '{"id": "ch_1"}')
+    # A second record of the same effect (a retry that raced) changes nothing.
+    records.record(home, pk, "charge", "oo-key-1", '{"id": "ch_2"}')
+    with home.connect() as conn:
+        assert records.find(conn, pk, "charge") == '{"id": "ch_1"}'
+        assert records.any_record(conn) is True
+    assert records.find(home, pk, "email") is None
+    assert records.forget(home, [pk], delete=False) == 1
+    assert records.forget(home, [], delete=True) == 0
+    assert records.forget(home, [pk, pk + 1], delete=True) == 1
+    assert records.find(home, pk, "charge") is None
+    if home is not db:
+        home.dispose()
+
+
+@records_engines
+def test_outbox_rows_are_claimed_once_and_marked_by_their_claimant(
+    kind: str, url: str | None, db: sa.Engine
+) -> None:
+    records = OutboxRecords(kind)
+    pk = an_event(url)
+    with db.begin() as conn:
+        staged = records.stage(conn, pk, "email", '{"to": "a@example.com"}')
+    with db.begin() as conn:  # a rolled-back stage leaves nothing
+        records.stage(conn, pk, "email", "{}")
+        conn.rollback()
+    (row,) = records.claim_of_events(db, [pk], owner="runner-1", lease=30.0)
+    assert row == OutboxRow(
+        id=staged, action="email", payload='{"to": "a@example.com"}', attempts=0, fence=1
+    )
+    # Held: neither by event nor by sweep can another runner take it.
+    assert records.claim_of_events(db, [pk], owner="runner-2", lease=30.0) == []
+    assert records.claim(db, 10, owner="runner-2", lease=30.0) == []
+    records.extend_leases(db, [row.id], owner="runner-1", lease=30.0)
+    # A failure is recorded by the claim's fence only, and lets the row go.
+    stale = OutboxRow(row.id, row.action, row.payload, row.attempts, fence=0)
+    assert records.mark_failed(db, stale, error="X: no", delay=0.0, dead=False) is False
+    assert records.mark_failed(db, row, error="X: no", delay=0.0, dead=False) is True
+    (again,) = records.claim(db, 10, owner="runner-2", lease=30.0)
+    assert (again.id, again.attempts, again.fence) == (row.id, 1, 2)
+    # Sent, whoever holds it now; then it is no longer pending.
+    assert records.mark_sent(db, row.id) is True
+    assert records.mark_sent(db, row.id) is False
+    assert records.claim(db, 10, owner="runner-3", lease=30.0) == []
+
+
+@records_engines
+def test_a_dead_outbox_row_is_never_claimed_again(kind: str, db: sa.Engine) -> None:
+    records = OutboxRecords(kind)
+    with db.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO onceonly_outbox (event_pk, action, payload) VALUES (NULL, 'a', '1')"
+            )
+        )
+    (row,) = records.claim(db, 10, owner="r", lease=30.0)
+    assert records.mark_failed(db, row, error="X: no", delay=0.0, dead=True) is True
+    assert records.claim(db, 10, owner="r", lease=30.0) == []
+
+
+@records_engines
+def test_job_keys_are_claimed_fenced_finished_and_purged(kind: str, db: sa.Engine) -> None:
+    records = JobRecords(kind)
+    fence = records.claim(db, "report", owner="me", lease=30.0, fingerprint="fp")
+    assert fence == 1
+    assert records.claim(db, "report", owner="other", lease=30.0) is None
+    with records.transaction(db) as conn:
+        row = records.read(conn, "report")
+        assert row == JobRow("running", 1, None, "fp", expired=False, forgotten=False)
+        # Running with a live lease: nobody takes it over.
+        assert records.take_over(conn, "report", fence=1, owner="other", lease=30.0) is None
+        assert records.read(conn, "never") is None
+    records.extend(db, "report", fence=1, lease=30.0)
+    assert records.finish(db, "report", fence=0, result='"late"', ttl=None) is False
+    assert records.finish(db, "report", fence=1, result='{"rows": 3}', ttl=None) is True
+    with records.transaction(db) as conn:
+        done = records.read(conn, "report")
+    assert done is not None
+    assert (done.status, done.result, done.forgotten) == ("done", '{"rows": 3}', False)
+    # A failed key is taken over at its fence; the new run finishes briefly remembered.
+    assert records.claim(db, "import", owner="me", lease=30.0) == 1
+    assert records.fail(db, "import", fence=1, error="OSError: disk full", ttl=None) is True
+    with records.transaction(db) as conn:
+        assert records.take_over(conn, "import", fence=1, owner="other", lease=30.0) == 2
+    assert records.finish(db, "import", fence=2, result=None, ttl=0.05) is True
+    assert records.purge(db, dry_run=True) == 0
+    time.sleep(0.1)
+    with records.transaction(db) as conn:
+        forgotten = records.read(conn, "import")
+    assert forgotten is not None
+    assert forgotten.forgotten is True
+    assert records.purge(db, dry_run=True) == 1
+    assert records.purge(db) == 1
+    assert records.purge(db) == 0
+    with records.transaction(db) as conn:
+        assert records.read(conn, "import") is None
+
+
+@records_engines
+def test_the_record_repositories_translate_driver_errors(
+    kind: str, db: sa.Engine, tmp_path: Path
+) -> None:
+    away = unreachable(kind, tmp_path)
+    try:
+        attempts: list[Callable[[], object]] = [
+            lambda: EffectRecords(kind).record(away, 1, "charge", "k", "1"),
+            lambda: OutboxRecords(kind).claim(away, 10, owner="r", lease=1.0),
+            lambda: JobRecords(kind).claim(away, "k", owner="r", lease=1.0),
+            lambda: JobRecords(kind).purge(away, dry_run=True),
+        ]
+        for attempt in attempts:
+            with pytest.raises(StoreUnavailable) as unavailable:
+                attempt()
+            assert isinstance(unavailable.value.__cause__, sa.exc.SQLAlchemyError)
+    finally:
+        away.dispose()
+    # Not an outage: a statement the database refuses (a row staged for an
+    # event that does not exist) is a StoreError, and the transaction it was
+    # in is rolled back by whoever owns it.
+    with pytest.raises(StoreError) as refused, db.begin() as conn:
+        OutboxRecords(kind).stage(conn, 10**9, "email", "{}")
+    assert not isinstance(refused.value, StoreUnavailable)
+    assert isinstance(refused.value.__cause__, sa.exc.IntegrityError)
+
+
+@records_engines
+def test_handler_savepoints_undo_one_handler_and_keep_the_others(kind: str, db: sa.Engine) -> None:
+    with db.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE handler_rows (x INTEGER PRIMARY KEY)")
+    with db.begin() as conn:
+        savepoints = HandlerSavepoints(conn)
+        savepoints.arm()  # a handler that writes nothing
+        assert savepoints.finish(success=True) is True
+        savepoints.arm()
+        assert savepoints.finish(success=False) is False
+        savepoints.arm()
+        conn.exec_driver_sql("INSERT INTO handler_rows VALUES (1)")
+        assert savepoints.finish(success=True) is True
+        savepoints.arm()
+        conn.exec_driver_sql("INSERT INTO handler_rows VALUES (2)")
+        assert savepoints.finish(success=False) is False  # undone: 2 is gone
+        savepoints.arm()
+        conn.exec_driver_sql("INSERT INTO handler_rows VALUES (3)")
+        with contextlib.suppress(sa.exc.IntegrityError):
+            conn.exec_driver_sql("INSERT INTO handler_rows VALUES (1)")
+        # A swallowed error aborts the savepoint on PostgreSQL: its writes are
+        # undone and the handler is told so; SQLite undid the one statement.
+        assert savepoints.finish(success=True) is (kind == "sqlite")
+        savepoints.close()
+        conn.exec_driver_sql("INSERT INTO handler_rows VALUES (4)")  # the batch goes on
+    with db.connect() as conn:
+        kept = conn.exec_driver_sql("SELECT x FROM handler_rows ORDER BY x").scalars().all()
+    assert kept == ([1, 3, 4] if kind == "sqlite" else [1, 4])
+
+
+@pytest.mark.parametrize("kind", [e for e in ENGINES if e == "sqlite"], indirect=True)
+def test_sqlite_record_times_come_from_the_repositorys_clock(kind: str, db: sa.Engine) -> None:
+    # PostgreSQL reads the server's clock (many machines, one clock); SQLite,
+    # on one machine, the clock the repository was given.
+    now = [1_000_000.0]
+    outbox = OutboxRecords(kind, clock=lambda: now[0])
+    jobs = JobRecords(kind, clock=lambda: now[0])
+    with db.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO onceonly_outbox (event_pk, action, payload) VALUES (NULL, 'a', '1')"
+        )
+    assert len(outbox.claim(db, 10, owner="dies", lease=30.0)) == 1
+    assert jobs.claim(db, "k", owner="dies", lease=30.0) == 1
+    now[0] += 29.0  # leases still running
+    assert outbox.claim(db, 10, owner="other", lease=30.0) == []
+    with jobs.transaction(db) as conn:
+        assert jobs.take_over(conn, "k", fence=1, owner="other", lease=30.0) is None
+    now[0] += 2.0  # both leases ran out
+    (row,) = outbox.claim(db, 10, owner="other", lease=30.0)
+    assert row.fence == 2
+    with jobs.transaction(db) as conn:
+        running = jobs.read(conn, "k")
+        assert running is not None
+        assert running.expired is True
+        assert jobs.take_over(conn, "k", fence=1, owner="other", lease=30.0) == 2
