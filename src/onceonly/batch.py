@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 
     from .deployment import Deployment
     from .outbox import OutboxRunner
-    from .queries import Queries
 
 __all__ = ["BatchProcessor", "Claimed"]
 
@@ -58,7 +57,6 @@ class BatchProcessor:
         app: Deployment,
         queue: WorkQueue,
         *,
-        context_queries: Queries,
         owner: str,
         transaction_budget: float,
         write_lock: WriteLock | None,
@@ -69,9 +67,6 @@ class BatchProcessor:
         self.app = app
         self.engine = app.engine
         self.queue = queue
-        # Only for AttemptServices (the effect ledger's and the outbox's SQL,
-        # which are not the work queue's).
-        self._context_queries = context_queries
         self.owner = owner
         self.transaction_budget = transaction_budget
         self.write_lock = write_lock
@@ -195,7 +190,7 @@ class BatchProcessor:
             conn,
             AttemptServices(
                 ledger=self.app.effect_ledger,
-                queries=self._context_queries,
+                outbox=self.outbox.records,
                 actions=frozenset(self.app.handlers.actions),
                 api_clients=self.app.api_clients,
                 event_loop=self._loop,

@@ -73,9 +73,6 @@ class AttemptServices:
     fetched: Mapping[Target, dict[str, Any] | Exception] = field(default_factory=dict)
     #: The outbox's statements; by default those of the attempt's database.
     outbox: OutboxRecords | None = None
-    #: Transitional (issue 15): the worker's old statement table, no longer
-    #: read; accepted until batch.py stops passing it.
-    queries: object = None
 
 
 @dataclass

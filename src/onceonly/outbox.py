@@ -37,11 +37,6 @@ __all__ = ["OutboxRunner", "outbox_key"]
 
 log = logging.getLogger("onceonly.outbox")
 
-#: Transitional, until worker.py and leases.py catch StoreError around their
-#: own statements (issue 15): what they catch as "a database error". The
-#: runner itself only sees StoreError.
-DatabaseError = (StoreError, sa.exc.DBAPIError, sa.exc.InterfaceError, OSError)
-
 
 def outbox_key(row_id: int) -> str:
     """The key passed to an outbox action: the same on every send of the row."""
@@ -54,7 +49,7 @@ class OutboxRunner:
     def __init__(
         self,
         engine: sa.Engine,
-        records: OutboxRecords | object,
+        records: OutboxRecords,
         actions: dict[str, Action],
         *,
         owner: str,
@@ -65,9 +60,7 @@ class OutboxRunner:
         on_database_error: Callable[[str, BaseException], None] | None = None,
     ) -> None:
         self.engine = engine
-        # Anything else is the worker's old statement table (until it passes
-        # OutboxRecords): the statements then follow the engine.
-        self.records = records if isinstance(records, OutboxRecords) else OutboxRecords.of(engine)
+        self.records = records
         self.actions = actions
         self.owner = owner
         self.lease = lease

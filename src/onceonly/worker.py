@@ -39,10 +39,10 @@ from .backoff import backoff
 from .batch import BatchProcessor, Claimed
 from .leases import LeaseKeeper
 from .outbox import OutboxRunner
-from .queries import QUERIES
 from .store import migrate_blocking
 from .store.engine import write_lock_of
 from .store.notifications import EventNotifications
+from .store.outbox import OutboxRecords
 from .store.work_queue import WorkQueue
 
 if TYPE_CHECKING:
@@ -96,7 +96,6 @@ class Worker:
             raise ValueError("transaction_budget must be >= 0")
         # The effect ledger's and the outbox's statements, which the outbox
         # runner and the handlers' contexts take (not the work queue's).
-        self.q = QUERIES[self.kind]
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._held: dict[int, Claimed] = {}
@@ -108,7 +107,7 @@ class Worker:
         self._db_failures = 0  # consecutive failed claims, for the back-off
         self.outbox = OutboxRunner(
             self.engine,
-            self.q,
+            OutboxRecords(self.kind),
             app.handlers.actions,
             owner=self.name,
             lease=settings.outbox_lease,
@@ -120,7 +119,6 @@ class Worker:
         self.batches = BatchProcessor(
             app,
             self.queue,
-            context_queries=self.q,
             owner=self.name,
             transaction_budget=self.transaction_budget,
             write_lock=write_lock_of(self.engine),
