@@ -296,8 +296,8 @@ def _parser(column: TargetColumn, decimal: DecimalMode) -> Coerce:
     bind = column.bind
     if bind is None:
         return parse
-    # What the driver is given instead of the parsed value (SQLite keeps dates
-    # and decimals as text): the store says how.
+    # What the driver is given instead of the parsed value (on SQLite: booleans
+    # as SQLAlchemy binds them, decimals as their text): the store says how.
     return lambda value: bind(parse(value))
 
 

@@ -110,7 +110,7 @@ class BulkUpserts:
         """A session that upserts rows (values in `columns` order, `key` a
         unique key of `table`) over a connection of its own, already prepared;
         :meth:`UpsertSession.close` gives the connection back."""
-        with translated("connecting for the import"), _reaching():
+        with translated("connecting for the import"), _driver_errors(), _reaching():
             raw = self.engine.raw_connection()
         dialect = self.engine.dialect
         quote = dialect.identifier_preparer.quote
@@ -142,6 +142,9 @@ def _reaching() -> Iterator[None]:
         yield
     except sa.exc.OperationalError as exc:
         raise StoreUnavailable(_first_line(exc.orig)) from exc
+    except (sqlite3.OperationalError, psycopg.OperationalError) as exc:
+        # raw_connection() leaves the driver's error unwrapped.
+        raise StoreUnavailable(_first_line(exc)) from exc
 
 
 def _first_line(exc: BaseException | None) -> str:

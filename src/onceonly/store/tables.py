@@ -43,10 +43,11 @@ class TargetColumn:
     messages; `integer_bits` the range of an INTEGER column (64 on SQLite,
     whatever it is declared); `precision`/`scale` a NUMERIC's; `length` a
     bounded text's. `bind`, when set, turns the parsed value into what the
-    driver is given: SQLite keeps booleans, dates and decimals in SQLAlchemy's
-    own formats, so what the ORM reads and what a re-run compares stay
-    identical. `compare_as_text`: the column has no equality operator
-    (PostgreSQL's ``json``), compare its text.
+    driver is given (SQLite only): the reflected type's own SQLAlchemy bind
+    processor (of the reflected generic types, only BOOLEAN has one), and
+    ``str`` for decimals (sqlite3 takes no Decimal; the text keeps every digit).
+    `compare_as_text`: the column has no equality operator (PostgreSQL's
+    ``json``), compare its text.
     """
 
     name: str
@@ -158,7 +159,7 @@ def _column(
     }
 
     def with_bind(value_kind: ValueKind) -> TargetColumn:
-        # SQLAlchemy's own processor: SQLite stores dates as text in its format.
+        # The reflected type's processor on SQLite, as the importer always used it.
         bind = kind.bind_processor(dialect) if sqlite else None
         return TargetColumn(kind=value_kind, bind=bind, **common)
 
