@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO
-
-import sqlalchemy as sa
+from typing import IO, TYPE_CHECKING
 
 from .errors import FileFormatError, ImportSetupError, InvalidValue
 from .keys import KeyType, normalize_cnpj, normalize_code, normalize_cpf, normalize_key
@@ -34,6 +32,9 @@ from .pipeline import DEFAULT_BATCH_SIZE, DEFAULT_MAX_ERRORS, Importer
 from .readers import Source
 from .report import ImportProgress, ImportReport, Rejection
 from .values import DecimalMode
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",

@@ -1,6 +1,6 @@
-"""The target table as the database describes it, and the plan that maps a
-file's headers to its columns, each with the function that turns a cell into
-that column's value.
+"""The plan that maps a file's headers to the target table's columns (as
+:mod:`onceonly.store.tables` describes them), each with the function that
+turns a cell into that column's value.
 
 Everything here is decided once, before the first row: a header that maps
 nowhere useful, a key without a unique constraint, or a NOT NULL column the
@@ -12,15 +12,11 @@ from __future__ import annotations
 import re
 import unicodedata
 import uuid
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.engine.interfaces import Dialect
-
+from ..store.tables import MissingTable, TargetColumn, TargetTable, ValueKind
 from .errors import ImportSetupError, InvalidValue
 from .keys import KeyType, normalizer
 from .values import (
@@ -34,104 +30,18 @@ from .values import (
     to_text,
 )
 
-__all__ = ["ColumnPlan", "Plan", "TargetColumn", "TargetTable", "plan_import", "reflect_table"]
+__all__ = ["ColumnPlan", "Plan", "TargetColumn", "TargetTable", "plan_import", "target_table"]
 
 Coerce = Callable[[object], object]
 
-_INTEGER_BITS = {"smallint": 16, "integer": 32, "bigint": 64}
 
-
-@dataclass(frozen=True)
-class TargetColumn:
-    """One column of the target table, as reflected."""
-
-    name: str
-    type: Any  # a SQLAlchemy TypeEngine
-    nullable: bool
-    has_default: bool
-    generated_always: bool = False
-
-
-@dataclass(frozen=True)
-class TargetTable:
-    """The target table: its columns in order, and every set of columns a
-    unique constraint or unique index (not partial, no expressions) covers."""
-
-    name: str
-    schema: str | None
-    columns: dict[str, TargetColumn]
-    unique_keys: list[tuple[str, ...]]
-
-    @property
-    def display_name(self) -> str:
-        return f"{self.schema}.{self.name}" if self.schema else self.name
-
-
-def reflect_table(connection: sa.Connection, table: str) -> TargetTable:
-    """Describe `table` (``name`` or ``schema.name``) through SQLAlchemy's inspector."""
-    inspector = sa.inspect(connection)
-    schema: str | None = None
-    name = table
-    if not inspector.has_table(name) and "." in table:
-        schema, name = table.split(".", 1)
-    if not inspector.has_table(name, schema=schema):
-        known = sorted(inspector.get_table_names(schema=schema))
+def target_table(found: TargetTable | MissingTable) -> TargetTable:
+    """The table the store found, or the import stops naming the tables there are."""
+    if isinstance(found, MissingTable):
+        known = found.known
         hint = f"; tables: {', '.join(known[:30])}" if known else "; the database has no tables"
-        raise ImportSetupError(f"no table {table!r} in the database{hint}")
-    with warnings.catch_warnings():
-        # Expression indexes cannot back a key anyway; SQLAlchemy warns it skips them.
-        warnings.simplefilter("ignore", sa.exc.SAWarning)
-        raw_columns = inspector.get_columns(name, schema=schema)
-        primary = inspector.get_pk_constraint(name, schema=schema)["constrained_columns"]
-        if connection.dialect.name == "sqlite":
-            uniques = _sqlite_unique_keys(connection, name, schema)
-        else:
-            uniques = [
-                tuple(u["column_names"])
-                for u in inspector.get_unique_constraints(name, schema=schema)
-            ]
-            for index in inspector.get_indexes(name, schema=schema):
-                options = index.get("dialect_options", {})
-                names = index["column_names"]
-                if index["unique"] and "postgresql_where" not in options and None not in names:
-                    uniques.append(tuple(str(n) for n in names))
-    # SQLite's INTEGER PRIMARY KEY is the rowid: it fills itself in.
-    rowid = connection.dialect.name == "sqlite" and len(primary) == 1
-    columns: dict[str, TargetColumn] = {}
-    for c in raw_columns:
-        is_rowid = rowid and c["name"] == primary[0] and isinstance(c["type"], sa.Integer)
-        identity: dict[str, Any] = dict(c.get("identity") or {})
-        columns[c["name"]] = TargetColumn(
-            name=c["name"],
-            type=c["type"],
-            nullable=bool(c["nullable"]) and c["name"] not in primary,
-            has_default=c.get("default") is not None
-            or bool(identity)
-            or is_rowid
-            or (c.get("autoincrement") is True),
-            generated_always=bool(identity.get("always")) or bool(c.get("computed")),
-        )
-    keys = ([tuple(primary)] if primary else []) + uniques
-    distinct = list(dict.fromkeys(keys))
-    return TargetTable(name=name, schema=schema, columns=columns, unique_keys=distinct)
-
-
-def _sqlite_unique_keys(
-    connection: sa.Connection, table: str, schema: str | None
-) -> list[tuple[str, ...]]:
-    # PRAGMA sees every unique index, including the automatic ones behind
-    # inline UNIQUE and PRIMARY KEY clauses that the inspector leaves out.
-    prefix = f'"{schema}".' if schema else ""
-    keys: list[tuple[str, ...]] = []
-    indexes = connection.exec_driver_sql(f'PRAGMA {prefix}index_list("{table}")').all()
-    for _seq, index_name, unique, _origin, partial in indexes:
-        if not unique or partial:
-            continue
-        info = connection.exec_driver_sql(f'PRAGMA {prefix}index_info("{index_name}")').all()
-        names = [row[2] for row in info]
-        if names and None not in names:
-            keys.append(tuple(names))
-    return keys
+        raise ImportSetupError(f"no table {found.name!r} in the database{hint}")
+    return found
 
 
 # -- mapping headers to columns -------------------------------------------------
@@ -250,7 +160,6 @@ def plan_import(
     table: TargetTable,
     *,
     key: Sequence[str],
-    dialect: Dialect,
     key_types: Mapping[str, KeyType | str] | None = None,
     mapping: Mapping[str, str | None] | None = None,
     decimal: DecimalMode = "auto",
@@ -298,7 +207,7 @@ def plan_import(
                 index=i,
                 header=headers[i],
                 column=column,
-                coerce=_coercer(target, dialect, decimal, kind),
+                coerce=_coercer(target, decimal, kind),
                 key_type=kind,
             )
         )
@@ -335,10 +244,8 @@ def _not_unique_message(table: TargetTable, key: Sequence[str]) -> str:
 # -- cell -> column value ------------------------------------------------------------
 
 
-def _coercer(
-    column: TargetColumn, dialect: Dialect, decimal: DecimalMode, key_type: KeyType | None
-) -> Coerce:
-    parse = _parser(column, dialect, decimal)
+def _coercer(column: TargetColumn, decimal: DecimalMode, key_type: KeyType | None) -> Coerce:
+    parse = _parser(column, decimal)
     normalize = normalizer(key_type) if key_type and key_type is not KeyType.RAW else None
     name = column.name
 
@@ -384,43 +291,44 @@ def _coercer(
     return coerce
 
 
-def _parser(column: TargetColumn, dialect: Dialect, decimal: DecimalMode) -> Coerce:
-    kind = column.type
-    sqlite = dialect.name == "sqlite"
-    bind = kind.bind_processor(dialect) if sqlite else None
+def _parser(column: TargetColumn, decimal: DecimalMode) -> Coerce:
+    parse = _parse(column, decimal)
+    bind = column.bind
+    if bind is None:
+        return parse
+    # What the driver is given instead of the parsed value (on SQLite: booleans
+    # as SQLAlchemy binds them, decimals as their text): the store says how.
+    return lambda value: bind(parse(value))
 
-    def sqlite_bind(parse: Coerce) -> Coerce:
-        # SQLite stores dates as text in SQLAlchemy's format; binding through
-        # SQLAlchemy's own processor keeps what the ORM reads and what we
-        # compare on a re-run identical.
-        if bind is None:
-            return parse
-        return lambda value: bind(parse(value))
 
-    if isinstance(kind, sa.Boolean):
-        return sqlite_bind(parse_bool)
-    if isinstance(kind, sa.Integer):
-        bits = 64 if sqlite else _integer_bits(kind)
+def _parse(column: TargetColumn, decimal: DecimalMode) -> Coerce:
+    kind = column.kind
+    if kind is ValueKind.BOOLEAN:
+        return parse_bool
+    if kind is ValueKind.INTEGER:
+        bits = column.integer_bits
         low, high = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
 
         def integer(value: object) -> int:
             number = parse_integer(value, decimal)
             if not low <= number <= high:
-                raise InvalidValue(f"{number} is out of range for {column.name} ({kind})")
+                raise InvalidValue(
+                    f"{number} is out of range for {column.name} ({column.type_name})"
+                )
             return number
 
         return integer
-    if isinstance(kind, sa.Float):
+    if kind is ValueKind.FLOAT:
         return lambda value: float(parse_decimal(value, decimal))
-    if isinstance(kind, sa.Numeric):
-        return _numeric(column, decimal, sqlite)
-    if isinstance(kind, sa.DateTime):
-        return sqlite_bind(parse_datetime)
-    if isinstance(kind, sa.Date):
-        return sqlite_bind(parse_date)
-    if isinstance(kind, sa.Time):
-        return sqlite_bind(parse_time)
-    if isinstance(kind, sa.Uuid) and not sqlite:
+    if kind is ValueKind.NUMERIC:
+        return _numeric(column, decimal)
+    if kind is ValueKind.DATETIME:
+        return parse_datetime
+    if kind is ValueKind.DATE:
+        return parse_date
+    if kind is ValueKind.TIME:
+        return parse_time
+    if kind is ValueKind.UUID:
 
         def to_uuid(value: object) -> uuid.UUID:
             try:
@@ -429,8 +337,8 @@ def _parser(column: TargetColumn, dialect: Dialect, decimal: DecimalMode) -> Coe
                 raise InvalidValue(f"{value!r} is not a UUID") from None
 
         return to_uuid
-    if isinstance(kind, sa.String) and kind.length:
-        length = kind.length
+    if column.length:
+        length = column.length
 
         def bounded(value: object) -> str:
             text = to_text(value)
@@ -446,22 +354,12 @@ def _parser(column: TargetColumn, dialect: Dialect, decimal: DecimalMode) -> Coe
     return to_text
 
 
-def _integer_bits(kind: Any) -> int:
-    name = type(kind).__name__.lower()
-    if isinstance(kind, sa.SmallInteger) or name == "smallint":
-        return 16
-    if isinstance(kind, sa.BigInteger) or name == "bigint":
-        return 64
-    return _INTEGER_BITS.get(name, 32)
-
-
-def _numeric(column: TargetColumn, decimal: DecimalMode, sqlite: bool) -> Coerce:
-    kind = column.type
-    precision, scale = kind.precision, kind.scale
+def _numeric(column: TargetColumn, decimal: DecimalMode) -> Coerce:
+    precision, scale = column.precision, column.scale
     exponent = Decimal(1).scaleb(-scale) if scale is not None else None
     limit = Decimal(10) ** (precision - (scale or 0)) if precision else None
 
-    def numeric(value: object) -> object:
+    def numeric(value: object) -> Decimal:
         number = parse_decimal(value, decimal)
         if exponent is not None:
             # PostgreSQL rounds half away from zero to the column's scale; do it
@@ -471,6 +369,6 @@ def _numeric(column: TargetColumn, decimal: DecimalMode, sqlite: bool) -> Coerce
             raise InvalidValue(
                 f"{value!r} is too large for {column.name} (numeric({precision},{scale or 0}))"
             )
-        return str(number) if sqlite else number
+        return number
 
     return numeric

@@ -27,19 +27,21 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-import sqlalchemy as sa
-
-from .._exceptions import ConfigurationError, StoreUnavailable
+from .._exceptions import ConfigurationError
 from ..db import create_engine
-from .columns import Plan, plan_import, reflect_table
+from ..store.bulk import BulkUpserts
+from .columns import Plan, plan_import, target_table
 from .errors import InvalidValue
 from .keys import KeyType
 from .readers import Sheet, Source, open_sheet
 from .report import MAX_LISTED_REJECTIONS, ImportProgress, ImportReport, Rejection
 from .values import DecimalMode, to_text
-from .writer import BatchResult, Writer, copy_line, make_writer
+from .writer import BatchResult, Writer
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
 
 __all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_MAX_ERRORS", "Importer"]
 
@@ -56,11 +58,11 @@ class _Batch:
     lines: list[int] = field(default_factory=list)
     cells: list[Sequence[object]] = field(default_factory=list)
     rejections: list[tuple[int, Rejection, Sequence[object]]] = field(default_factory=list)
-    copy_lines: list[str] = field(default_factory=list)
+    text_lines: list[str] = field(default_factory=list)
 
     @property
-    def copy_text(self) -> str | None:
-        return "\n".join(self.copy_lines) + "\n" if self.copy_lines else None
+    def text(self) -> str | None:
+        return "\n".join(self.text_lines) + "\n" if self.text_lines else None
 
 
 class Importer:
@@ -150,12 +152,13 @@ class Importer:
                 self.source, encoding=self.encoding, delimiter=self.delimiter, sheet=self.sheet_name
             ) as sheet:
                 self._sheet = sheet
-                plan = self._plan(engine, sheet)
+                upserts = BulkUpserts(engine)
+                plan = self._plan(upserts, sheet)
                 with self._rejects_file() as rejects_stream:
                     if rejects_stream is not None:
                         self._rejects = csv.writer(rejects_stream, delimiter=sheet.delimiter or ";")
                         self._rejects.writerow(["rejected_line", "rejected_reason", *sheet.headers])
-                    written = self._write(engine, sheet, plan)
+                    written = self._write(upserts, sheet, plan)
         finally:
             if self.engine is None:
                 engine.dispose()
@@ -182,23 +185,15 @@ class Importer:
 
     # -- set-up --------------------------------------------------------------------
 
-    def _plan(self, engine: sa.Engine, sheet: Sheet) -> Plan:
-        try:
-            with engine.connect() as connection:
-                table = reflect_table(connection, self.table_name)
-                plan = plan_import(
-                    sheet.headers,
-                    table,
-                    key=self.key,
-                    dialect=connection.dialect,
-                    key_types=self.key_types,
-                    mapping=self.mapping,
-                    decimal=self.decimal,
-                )
-                connection.rollback()
-                return plan
-        except sa.exc.OperationalError as exc:
-            raise StoreUnavailable(_first_line(exc.orig)) from exc
+    def _plan(self, upserts: BulkUpserts, sheet: Sheet) -> Plan:
+        return plan_import(
+            sheet.headers,
+            target_table(upserts.describe(self.table_name)),
+            key=self.key,
+            key_types=self.key_types,
+            mapping=self.mapping,
+            decimal=self.decimal,
+        )
 
     def _rejects_file(self) -> Any:
         target = self.rejects_target
@@ -209,33 +204,26 @@ class Importer:
             return Path(target).open("w", encoding="utf-8-sig", newline="")
         return contextlib.nullcontext(target)
 
-    def _write(self, engine: sa.Engine, sheet: Sheet, plan: Plan) -> bool:
+    def _write(self, upserts: BulkUpserts, sheet: Sheet, plan: Plan) -> bool:
+        session = upserts.open(
+            plan.table,
+            plan.column_names,
+            plan.key,
+            commit_every_batch=not (self.dry_run or self.all_or_nothing),
+        )
+        writer = Writer(session)
         try:
-            raw = engine.raw_connection()
-        except sa.exc.OperationalError as exc:
-            raise StoreUnavailable(_first_line(exc.orig)) from exc
-        try:
-            writer = make_writer(
-                engine.dialect,
-                raw.driver_connection,
-                plan,
-                commit_every_batch=not (self.dry_run or self.all_or_nothing),
+            self._pump(sheet, plan, writer)
+            keep = not self.dry_run and not (
+                self.all_or_nothing and self.stopped_at_line is not None
             )
-            writer.open()
-            try:
-                self._pump(sheet, plan, writer)
-                keep = not self.dry_run and not (
-                    self.all_or_nothing and self.stopped_at_line is not None
-                )
-                if keep:
-                    writer.commit()
-                else:
-                    writer.rollback()
-                return keep
-            finally:
-                writer.close()
+            if keep:
+                writer.commit()
+            else:
+                writer.rollback()
+            return keep
         finally:
-            raw.close()
+            writer.close()
 
     # -- the reading thread --------------------------------------------------------
 
@@ -291,7 +279,7 @@ class Importer:
         failed: Callable[[], bool] = lambda: False,
     ) -> None:
         coercers = [(c.index, c.coerce) for c in plan.columns]
-        copy_text = writer.wants_copy_text
+        row_text = writer.row_text
         width = plan.width
         key_positions = plan.key_positions
         single_key = key_positions[0] if len(key_positions) == 1 else None
@@ -342,8 +330,8 @@ class Importer:
                 keys.add(key)
                 batch.rows.append(values)
                 batch.lines.append(line)
-                if copy_text:
-                    batch.copy_lines.append(copy_line(values))
+                if row_text is not None:
+                    batch.text_lines.append(row_text(values))
                 if keep_cells:
                     batch.cells.append(cells)
             # Rejected rows count too: a file of bad rows still goes in bounded batches.
@@ -368,7 +356,7 @@ class Importer:
                     while n < len(early) and early[n][0] <= i:
                         n += 1
                     skipped_before.append(n)
-            text = batch.copy_text if limit == len(batch.rows) else None
+            text = batch.text if limit == len(batch.rows) else None
             result = writer.write(rows, allowed, skipped_before, text)
         self.inserted += result.inserted
         self.updated += result.updated
@@ -433,10 +421,6 @@ def _invalid(line: int, cells: Sequence[object], plan: Plan) -> Rejection:
 
 def _blank(value: object) -> bool:
     return value is None or (isinstance(value, str) and not value.strip())
-
-
-def _first_line(exc: BaseException | None) -> str:
-    return str(exc).strip().splitlines()[0] if exc and str(exc).strip() else "unreachable"
 
 
 def _display(source: Source) -> str:
