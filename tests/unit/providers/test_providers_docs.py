@@ -11,7 +11,7 @@ import pytest
 
 from onceonly.providers import PROVIDER_CLASSES
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOCS = Path(__file__).resolve().parents[3] / "docs"
 
 
 @pytest.mark.parametrize("name", sorted(PROVIDER_CLASSES))
