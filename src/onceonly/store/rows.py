@@ -69,7 +69,7 @@ def event_from_row(row: Row) -> Event:
 
     The row is unpacked rather than read by name: naming each column costs a
     lookup per column (a sqlite3.Row is a quarter slower on a listing), and
-    the names come from EVENT_COLUMNS all the same (tests/unit/test_rows.py
+    the names come from EVENT_COLUMNS all the same (tests/unit/store/test_rows.py
     holds the unpacking to that list).
     """
     (
