@@ -234,13 +234,12 @@ def _expired_keys(app: Deployment, *, dry_run: bool) -> int:
     if dry_run:
         return RetentionRecords(app.engine_kind).expired_idempotency_keys(app.engine, now=now)
     from ._threads import run_on_own_loop
-    from .idempotency.storage import key_store_for
     from .store import create_store
 
     async def work() -> int:
         store = create_store(app.settings.database_url, auto_migrate=False)
         try:
-            return await key_store_for(store).purge(now=now)
+            return await store.idempotency_keys().purge(now=now)
         finally:
             await store.close()
 

@@ -57,10 +57,8 @@ def purge_keys(app_spec: str | None, database_url: str | None, fmt: str) -> None
     """
     import time
 
-    from ..idempotency.storage import key_store_for
-
     app = load(app_spec, database_url)
-    deleted = with_store(app, lambda store: key_store_for(store).purge(now=time.time()))
+    deleted = with_store(app, lambda store: store.idempotency_keys().purge(now=time.time()))
     if fmt == "json":
         click.echo(json.dumps({"deleted": deleted}))
     else:

@@ -31,9 +31,16 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 from .._exceptions import BodyTooLarge, ConfigurationError, StoreError
 from ..asgi import ASGIApp, Message, Receive, Scope, Send, lower_headers, read_body, send_problem
 from ..batching import GroupCommit, ThreadGroupCommit
+from ..store.idempotency import (
+    ClaimOutcome,
+    Completion,
+    KeyClaim,
+    KeyStore,
+    StoredResponse,
+    in_order,
+    split,
+)
 from .keys import ClientScope, HeaderScope, InvalidKey, by_header, fingerprint, parse_key
-from .records import ClaimOutcome, Completion, KeyClaim, StoredResponse
-from .storage import KeyStore, SQLiteKeyStore, in_order, key_store_for, split
 
 if TYPE_CHECKING:
     from ..config import Onceonly
@@ -201,7 +208,7 @@ class IdempotencyMiddleware:
                 raise ConfigurationError("give onceonly= or store=, not both")
         self.app = app
         self.store: Store = store if store is not None else onceonly.store  # type: ignore[union-attr]
-        self.keys: KeyStore = key_store_for(self.store)
+        self.keys: KeyStore = self.store.idempotency_keys()
         if lock_timeout <= 0 or ttl <= lock_timeout:
             raise ConfigurationError("need 0 < lock_timeout < ttl")
         if on_conflict not in ("409", "wait"):
@@ -243,8 +250,9 @@ class IdempotencyMiddleware:
             GroupCommit[KeyClaim | Completion, ClaimOutcome | bool]
             | ThreadGroupCommit[KeyClaim | Completion, ClaimOutcome | bool]
         )
-        if isinstance(self.keys, SQLiteKeyStore):
-            self.records = self.keys.group_commit(lock_seconds=lock_timeout, ttl=ttl)
+        thread = self.keys.thread_batches(lock_seconds=lock_timeout, ttl=ttl)
+        if thread is not None:
+            self.records = ThreadGroupCommit(thread.apply, thread.schedule)
         else:
             self.records = GroupCommit(self._apply_batch, max_in_flight=1)
 

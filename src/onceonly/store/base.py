@@ -19,7 +19,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 
+from .._exceptions import ConfigurationError
 from ..events import Event, EventStatus, NewEvent, Receipt
+from .idempotency import KeyStore
 
 __all__ = ["Store"]
 
@@ -132,6 +134,17 @@ class Store(ABC):
     @abstractmethod
     async def find_event(self, provider: str, event_id: str) -> Event | None:
         """The event a provider knows by `event_id`."""
+
+    def idempotency_keys(self) -> KeyStore:
+        """The Idempotency-Key records kept in this store (one key store per
+        store: the middleware, ``onceonly purge`` and retention share it).
+
+        Each adapter builds its own; a store that keeps none (a user's own
+        Store subclass) raises :class:`~onceonly.ConfigurationError`."""
+        raise ConfigurationError(
+            f"a {type(self).__name__} keeps no Idempotency-Key records:"
+            " use a SQLite or PostgreSQL store (or MemoryStore in tests)"
+        )
 
     async def __aenter__(self) -> Store:
         await self.open()

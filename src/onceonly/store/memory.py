@@ -2,7 +2,9 @@
 
 It keeps the same contract as the real adapters (a duplicate is decided by the
 key, receipts in order) so unit tests of the inbox and receiver run without
-I/O. It is not durable and not shared between processes: never use it to serve.
+I/O; its Idempotency-Key records (:mod:`.idempotency_memory`) do the same for
+unit tests of an API behind the middleware. It is not durable and not shared
+between processes: never use it to serve.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from .._exceptions import StoreUnavailable
 from ..events import Event, EventStatus, NewEvent, Receipt
 from . import migrations
 from .base import Store
+from .idempotency_memory import MemoryKeyStore
 
 __all__ = ["MemoryStore"]
 
@@ -32,10 +35,17 @@ class MemoryStore(Store):
         self.unavailable = False
         #: How many insert_events calls (transactions) were made.
         self.commits = 0
+        self._key_store: MemoryKeyStore | None = None
 
     def _check(self) -> None:
         if self.unavailable:
             raise StoreUnavailable("memory store marked unavailable")
+
+    def idempotency_keys(self) -> MemoryKeyStore:
+        """Idempotency-Key records in memory, subject to `unavailable` too."""
+        if self._key_store is None:
+            self._key_store = MemoryKeyStore(self._check)
+        return self._key_store
 
     async def open(self) -> None:
         self._check()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -27,6 +27,8 @@ from .._exceptions import StoreError, StoreRejected, StoreUnavailable
 from ..events import Event, EventStatus, NewEvent, Receipt
 from . import migrations
 from .base import Store, collapse, receipts
+from .idempotency import KeyStore
+from .idempotency_postgres import PostgresKeyStore
 from .rows import event_columns, event_from_row
 
 __all__ = ["PostgresStore"]
@@ -152,11 +154,23 @@ class PostgresStore(Store):
         self._lookup: asyncpg.Connection | None = None
         self._lookup_lock = asyncio.Lock()
         self._opening = asyncio.Lock()
+        self._key_store: KeyStore | None = None
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[PoolConnectionProxy]:
         async with self._acquire(await self._ensure_pool()) as conn:
             yield conn
+
+    def connection(self) -> AbstractAsyncContextManager[PoolConnectionProxy]:
+        """A connection of the store's pool, for the repositories of this
+        package: asyncpg's errors raised in the block leave it as
+        :class:`~onceonly.StoreError` (the receive path's mapping)."""
+        return self._connection()
+
+    def idempotency_keys(self) -> KeyStore:
+        if self._key_store is None:
+            self._key_store = PostgresKeyStore(self)
+        return self._key_store
 
     @asynccontextmanager
     async def lookup_connection(self) -> AsyncIterator[asyncpg.Connection]:

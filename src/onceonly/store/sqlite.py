@@ -22,6 +22,8 @@ from .._exceptions import StoreError, StoreRejected, StoreUnavailable
 from ..events import Event, EventStatus, NewEvent, Receipt
 from . import migrations
 from .base import Store, collapse, receipts
+from .idempotency import KeyStore
+from .idempotency_sqlite import SQLiteKeyStore
 from .rows import event_columns, event_from_row
 from .write_lock import WriteLock
 
@@ -141,6 +143,7 @@ class SQLiteStore(Store):
         self._conn: sqlite3.Connection | None = None
         self._ready = False
         self._write_lock = WriteLock.of(self.path)
+        self._key_store: KeyStore | None = None
 
     # The dedicated thread.
 
@@ -177,6 +180,25 @@ class SQLiteStore(Store):
         (see :mod:`onceonly.store.write_lock`): for writers on the request path
         that share the store's thread (the Idempotency-Key records)."""
         self._write_lock.begin(conn.execute, timeout=self.busy_timeout_ms / 1000, receiver=True)
+
+    async def run_in_connection(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn(connection)`` on the store's thread, once the store is open:
+        for the repositories of this package that share that thread. A
+        transaction `fn` leaves open on failure is rolled back, and sqlite3's
+        errors leave as :class:`~onceonly.StoreError` (the receive path's
+        mapping)."""
+        await self._ensure_open()
+        return await self._run(fn)
+
+    def call_in_connection(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """As :meth:`run_in_connection`, from code already running on the
+        store's thread (inside a function given to it)."""
+        return self._call(fn)
+
+    def idempotency_keys(self) -> KeyStore:
+        if self._key_store is None:
+            self._key_store = SQLiteKeyStore(self)
+        return self._key_store
 
     # Store.
 

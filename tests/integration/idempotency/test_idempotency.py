@@ -19,7 +19,6 @@ from starlette.routing import Route
 from onceonly import create_store
 from onceonly.idempotency import IdempotencyMiddleware, by_header
 from onceonly.idempotency.records import Completion, KeyClaim, StoredResponse
-from onceonly.idempotency.storage import key_store_for
 from support import live_server
 
 
@@ -286,7 +285,7 @@ async def test_expired_keys_run_again_and_purge_forgets_them(shop: Shop, databas
     assert "idempotent-replayed" not in again.headers
     assert shop.runs["orders"] == 2
     store = create_store(database_url)
-    keys = key_store_for(store)
+    keys = store.idempotency_keys()
     assert await keys.purge(now=time.time() + 2) == 1
     await store.close()
 
@@ -296,7 +295,7 @@ async def test_purging_an_expired_record_drops_its_response_chunks(database_url:
     # cascade only happens on a connection with foreign_keys on, and the key
     # store once purged through one without it, leaving the chunks behind.
     store = create_store(database_url)
-    keys = key_store_for(store)
+    keys = store.idempotency_keys()
     now = time.time()
     (claimed,) = await keys.claim([KeyClaim("c", "big", "fp")], now=now, lock_seconds=10, ttl=1)
     await keys.append_chunks("c", "big", claimed.fence, 0, [b"one", b"two"])
@@ -310,7 +309,7 @@ async def test_purging_an_expired_record_drops_its_response_chunks(database_url:
 
 async def test_a_stale_owner_cannot_overwrite_a_newer_one(database_url: str) -> None:
     store = create_store(database_url)
-    keys = key_store_for(store)
+    keys = store.idempotency_keys()
     claim = KeyClaim("client", "k", "fp")
     now = time.time()
     (first,) = await keys.claim([claim], now=now, lock_seconds=1, ttl=100)
@@ -331,7 +330,7 @@ async def test_a_stale_owner_cannot_overwrite_a_newer_one(database_url: str) -> 
 
 async def test_repeats_in_one_batch_see_the_first_as_running(database_url: str) -> None:
     store = create_store(database_url)
-    keys = key_store_for(store)
+    keys = store.idempotency_keys()
     outcomes = await keys.claim(
         [KeyClaim("c", "dup", "fp"), KeyClaim("c", "dup", "fp"), KeyClaim("c", "solo", "fp")],
         now=time.time(),
@@ -424,7 +423,7 @@ async def test_one_batch_completes_and_claims_together(database_url: str) -> Non
     """A group commit carries finished responses and new claims in one go: every
     caller still gets its own answer, as if each had gone alone."""
     store = create_store(database_url)
-    keys = key_store_for(store)
+    keys = store.idempotency_keys()
     now = time.time()
     ok = StoredResponse(201, (("content-type", "application/json"),), b'{"id": 1}')
     a, b, done, _running = await keys.claim(
@@ -467,7 +466,7 @@ async def test_one_batch_completes_and_claims_together(database_url: str) -> Non
 
 async def test_an_expired_record_is_claimed_again_in_a_batch(database_url: str) -> None:
     store = create_store(database_url)
-    keys = key_store_for(store)
+    keys = store.idempotency_keys()
     now = time.time()
     ok = StoredResponse(200, (), b"old")
     (first,) = await keys.claim([KeyClaim("c", "old", "fp")], now=now, lock_seconds=1, ttl=2)
@@ -516,10 +515,10 @@ async def test_a_claim_racing_the_completion_of_its_key_waits_and_sees_it_done(
     never becomes a second owner."""
     import asyncpg
 
-    from onceonly.idempotency.postgres import PostgresKeyStore
+    from onceonly.store.idempotency_postgres import PostgresKeyStore
 
     store = create_store(database_url)
-    keys = key_store_for(store)
+    keys = store.idempotency_keys()
     now = time.time()
     claim = KeyClaim("c", "k", "fp")
     ok = StoredResponse(201, (("content-type", "application/json"),), b'{"id": 1}')
@@ -577,7 +576,7 @@ async def test_batches_look_keys_up_by_primary_key_in_a_table_of_many_keys(
     then: a plan made on an empty table must still look keys up by primary
     key once it holds tens of thousands (a plan that scans the table whole
     took 4.5 ms instead of 1 ms a batch at 24,000 keys)."""
-    from onceonly.idempotency.postgres import PostgresKeyStore as Keys
+    from onceonly.store.idempotency_postgres import PostgresKeyStore as Keys
     from onceonly.store.postgres import PostgresStore
 
     store = create_store(database_url)
@@ -633,10 +632,10 @@ async def test_a_claim_racing_a_new_claim_of_its_key_sees_it_running(database_ur
     then loses the insert finds the winner's claim, in flight, and does not run."""
     import asyncpg
 
-    from onceonly.idempotency.postgres import PostgresKeyStore
+    from onceonly.store.idempotency_postgres import PostgresKeyStore
 
     store = create_store(database_url)
-    keys = key_store_for(store)
+    keys = store.idempotency_keys()
     await store.open()
     now = time.time()
     winner = await asyncpg.connect(database_url)
@@ -647,7 +646,7 @@ async def test_a_claim_racing_a_new_claim_of_its_key_sees_it_running(database_ur
             PostgresKeyStore._CLAIM,
             *PostgresKeyStore._claim_args([KeyClaim("c", "k", "fp-1")], now, 60, 3600),
         )
-        assert [row[11] for row in rows] == ["c"]  # inserted, not committed
+        assert [row["kind"] for row in rows] == ["c"]  # inserted, not committed
         racing = asyncio.ensure_future(
             keys.claim([KeyClaim("c", "k", "fp-1")], now=now, lock_seconds=60, ttl=3600)
         )
@@ -671,7 +670,7 @@ async def test_a_broken_lookup_connection_is_replaced(database_url: str) -> None
     from onceonly import StoreUnavailable
 
     store = create_store(database_url)
-    keys = key_store_for(store)
+    keys = store.idempotency_keys()
     now = time.time()
     (first,) = await keys.claim([KeyClaim("c", "k-1", "fp")], now=now, lock_seconds=60, ttl=3600)
     admin = await asyncpg.connect(database_url)

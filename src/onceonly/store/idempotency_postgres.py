@@ -1,16 +1,35 @@
 """Idempotency-Key records on PostgreSQL: one round trip per batch.
 
-See storage.py for the claim's rules; this is the PostgreSQL statement of them.
+See :mod:`.idempotency` for the claim's rules; this is the PostgreSQL
+statement of them. Claims and completions run on the store's lookup
+connection (:meth:`PostgresStore.lookup_connection`), the rest on its pool
+(:meth:`PostgresStore.connection`); both turn asyncpg's errors into
+onceonly's, as for the receive path.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .records import ClaimOutcome, Completion, KeyClaim
-from .storage import _CHUNKS, _KEYS, _READ, KeyStore, _answers, _outcome, _unique
+from .idempotency import (
+    CHUNKS,
+    KEYS,
+    RECORD_COLUMNS,
+    ClaimOutcome,
+    Completion,
+    KeyClaim,
+    KeyStore,
+    answers,
+    first_claims,
+    outcome,
+)
+
+if TYPE_CHECKING:
+    import asyncpg
+
+    from .postgres import PostgresStore
 
 __all__ = ["PostgresKeyStore"]
 
@@ -43,10 +62,10 @@ class PostgresKeyStore(KeyStore):
     # time. So that no other join is left to plan, the answer is the rows as
     # the plan read them ('r'), the keys the INSERT claimed ('c') and, with
     # completions, those that landed ('l'), one after the other; Python pairs
-    # them up. The kind is the last column: 'r' rows are _READ's columns,
-    # then `settled`, for the keys that had a record (a new key claimed has
-    # its 'c' row; one that lost to a concurrent claim has neither, and is
-    # read again).
+    # them up, by the `kind` column: 'r' rows are RECORD_COLUMNS and
+    # `settled`, for the keys that had a record (a new key claimed has its 'c'
+    # row; one that lost to a concurrent claim has neither, and is read
+    # again). Columns are named by the first SELECT of the UNION.
     _CLAIM_CTES = f"""
         plan AS (
             SELECT u.sc, u.ke, u.fp, e.fingerprint, e.status, e.fence, e.response_status,
@@ -56,9 +75,9 @@ class PostgresKeyStore(KeyStore):
                                      AND e.fingerprint = u.fp), false) AS settled
             FROM (SELECT v->>0 AS sc, v->>1 AS ke, v->>2 AS fp
                   FROM jsonb_array_elements($1::jsonb) AS j(v) LIMIT $5) AS u
-            LEFT JOIN {_KEYS} AS e ON e.scope = u.sc AND e.key = u.ke
+            LEFT JOIN {KEYS} AS e ON e.scope = u.sc AND e.key = u.ke
         ), claimed AS (
-            INSERT INTO {_KEYS} AS k
+            INSERT INTO {KEYS} AS k
                 (scope, key, fingerprint, status, locked_until, expires_at, created_at)
             SELECT sc, ke, fp, 'running', $2::float8 + $3::float8, $2::float8 + $4::float8,
                    $2::float8
@@ -75,15 +94,17 @@ class PostgresKeyStore(KeyStore):
             RETURNING k.scope, k.key, k.fence
         )"""
     _CLAIM_SELECT = """
-        SELECT sc, ke, fingerprint, status, fence, response_status, response_headers,
-               response_body, chunked, expires_at, settled, 'r' FROM plan
+        SELECT sc AS scope, ke AS key, fingerprint, status, fence, response_status,
+               response_headers, response_body, chunked, expires_at, settled, 'r' AS kind
+        FROM plan
         WHERE fingerprint IS NOT NULL
         UNION ALL
         SELECT scope, key, NULL, NULL, fence, NULL, NULL, NULL, NULL, NULL, NULL, 'c'
         FROM claimed{landed}"""
     _CLAIM = f"WITH {_CLAIM_CTES} {_CLAIM_SELECT.format(landed='')}"
     _READ_MANY = f"""
-        {_READ} WHERE (scope, key) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+        SELECT {RECORD_COLUMNS} FROM {KEYS}
+        WHERE (scope, key) IN (SELECT * FROM unnest($1::text[], $2::text[]))
     """
     # Parameters ${0} (the rows, see _complete_args), ${1} (now) and ${2} (how
     # many rows): the claim statement's come first when the two share one.
@@ -95,12 +116,12 @@ class PostgresKeyStore(KeyStore):
         WHERE k.scope = c.v->>0 AND k.key = c.v->>1 AND k.fence = (c.v->>2)::bigint
           AND k.status = 'running'
         RETURNING k.scope, k.key"""
-    _COMPLETE = _UPDATE.format(1, 2, 3, keys=_KEYS)
+    _COMPLETE = _UPDATE.format(1, 2, 3, keys=KEYS)
     # A batch's completions and claims in one statement (one round trip, one
     # commit) when no key is in both: data-modifying CTEs share one snapshot,
     # so a key completed and claimed in the same batch takes two statements.
     _COMPLETE_AND_CLAIM = (
-        f"WITH landed AS ({_UPDATE.format(6, 7, 8, keys=_KEYS)}), {_CLAIM_CTES} "
+        f"WITH landed AS ({_UPDATE.format(6, 7, 8, keys=KEYS)}), {_CLAIM_CTES} "
         + _CLAIM_SELECT.format(
             landed="""
         UNION ALL
@@ -109,7 +130,7 @@ class PostgresKeyStore(KeyStore):
         )
     )
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: PostgresStore) -> None:
         self.store = store
 
     async def apply(
@@ -163,28 +184,33 @@ class PostgresKeyStore(KeyStore):
 
     async def _complete_and_claim_on(
         self,
-        conn: Any,
+        conn: asyncpg.Connection,
         completions: Sequence[Completion],
         claims: Sequence[KeyClaim],
         now: float,
         lock_seconds: float,
         ttl: float,
     ) -> tuple[list[bool], list[ClaimOutcome]]:
-        first = _unique(claims)
+        first = first_claims(claims)
         rows = await conn.fetch(
             self._COMPLETE_AND_CLAIM,
             *self._claim_args(list(first.values()), now, lock_seconds, ttl),
             *self._complete_args(completions, now),
         )
-        landed = {(row[0], row[1]) for row in rows if row[11] == "l"}
+        landed = {(row["scope"], row["key"]) for row in rows if row["kind"] == "l"}
         await self._drop_old_chunks(conn, completions, landed)
         outcomes = await self._claim_outcomes(conn, claims, first, rows)
         return [(c.scope, c.key) in landed for c in completions], outcomes
 
     async def _claim_on(
-        self, conn: Any, claims: Sequence[KeyClaim], now: float, lock_seconds: float, ttl: float
+        self,
+        conn: asyncpg.Connection,
+        claims: Sequence[KeyClaim],
+        now: float,
+        lock_seconds: float,
+        ttl: float,
     ) -> list[ClaimOutcome]:
-        first = _unique(claims)
+        first = first_claims(claims)
         rows = await conn.fetch(
             self._CLAIM, *self._claim_args(list(first.values()), now, lock_seconds, ttl)
         )
@@ -192,26 +218,27 @@ class PostgresKeyStore(KeyStore):
 
     async def _claim_outcomes(
         self,
-        conn: Any,
+        conn: asyncpg.Connection,
         claims: Sequence[KeyClaim],
         first: dict[tuple[str, str], KeyClaim],
-        rows: Sequence[Any],
+        rows: Sequence[asyncpg.Record],
     ) -> list[ClaimOutcome]:
         won: dict[tuple[str, str], int] = {}
-        read: dict[tuple[str, str], Any] = {}
+        read: dict[tuple[str, str], asyncpg.Record] = {}
         for row in rows:
-            if row[11] == "c":
-                won[(row[0], row[1])] = row[4]
-            elif row[11] == "r":
-                read[(row[0], row[1])] = row
+            kind = row["kind"]
+            if kind == "c":
+                won[(row["scope"], row["key"])] = row["fence"]
+            elif kind == "r":
+                read[(row["scope"], row["key"])] = row
         existing: dict[tuple[str, str], ClaimOutcome] = {}
         raced: list[KeyClaim] = []
         for ident, claim in first.items():
             if ident in won:
                 continue
-            row = read.get(ident)
-            if row is not None and row[10]:
-                existing[ident] = _outcome(row)
+            record = read.get(ident)
+            if record is not None and record["settled"]:
+                existing[ident] = outcome(record)
             else:
                 # Attempted and lost to a concurrent request: what the plan
                 # read is out of date (or absent), read the record as it is now.
@@ -220,35 +247,35 @@ class PostgresKeyStore(KeyStore):
             for row in await conn.fetch(
                 self._READ_MANY, [c.scope for c in raced], [c.key for c in raced]
             ):
-                existing[(row[0], row[1])] = _outcome(row)
-        return _answers(claims, first, won, existing)
+                existing[(row["scope"], row["key"])] = outcome(row)
+        return answers(claims, first, won, existing)
 
     async def _complete_on(
-        self, conn: Any, completions: Sequence[Completion], now: float
+        self, conn: asyncpg.Connection, completions: Sequence[Completion], now: float
     ) -> list[bool]:
         rows = await conn.fetch(self._COMPLETE, *self._complete_args(completions, now))
-        landed = {(r[0], r[1]) for r in rows}
+        landed = {(row["scope"], row["key"]) for row in rows}
         await self._drop_old_chunks(conn, completions, landed)
         return [(c.scope, c.key) in landed for c in completions]
 
     @staticmethod
     async def _drop_old_chunks(
-        conn: Any, completions: Sequence[Completion], landed: set[tuple[str, str]]
+        conn: asyncpg.Connection, completions: Sequence[Completion], landed: set[tuple[str, str]]
     ) -> None:
         """Chunks of an earlier owner of a key (a take-over) are no longer replayable."""
         for c in completions:
             if c.response.chunked and (c.scope, c.key) in landed:
                 await conn.execute(
-                    f"DELETE FROM {_CHUNKS} WHERE scope = $1 AND key = $2 AND fence <> $3",
+                    f"DELETE FROM {CHUNKS} WHERE scope = $1 AND key = $2 AND fence <> $3",
                     c.scope,
                     c.key,
                     c.fence,
                 )
 
     async def release(self, scope: str, key: str, fence: int) -> None:
-        async with self.store._connection() as conn:
+        async with self.store.connection() as conn:
             await conn.execute(
-                f"DELETE FROM {_KEYS} WHERE scope = $1 AND key = $2 AND fence = $3"
+                f"DELETE FROM {KEYS} WHERE scope = $1 AND key = $2 AND fence = $3"
                 " AND status = 'running'",
                 scope,
                 key,
@@ -258,18 +285,18 @@ class PostgresKeyStore(KeyStore):
     async def append_chunks(
         self, scope: str, key: str, fence: int, first_seq: int, chunks: Sequence[bytes]
     ) -> None:
-        async with self.store._connection() as conn:
+        async with self.store.connection() as conn:
             await conn.executemany(
-                f"INSERT INTO {_CHUNKS} (scope, key, fence, seq, data) VALUES ($1, $2, $3, $4, $5)",
+                f"INSERT INTO {CHUNKS} (scope, key, fence, seq, data) VALUES ($1, $2, $3, $4, $5)",
                 [(scope, key, fence, first_seq + i, c) for i, c in enumerate(chunks)],
             )
 
     async def read_chunks(
         self, scope: str, key: str, fence: int, from_seq: int, limit: int
     ) -> list[bytes]:
-        async with self.store._connection() as conn:
+        async with self.store.connection() as conn:
             rows = await conn.fetch(
-                f"SELECT data FROM {_CHUNKS} WHERE scope = $1 AND key = $2 AND fence = $3"
+                f"SELECT data FROM {CHUNKS} WHERE scope = $1 AND key = $2 AND fence = $3"
                 " AND seq >= $4 ORDER BY seq LIMIT $5",
                 scope,
                 key,
@@ -280,6 +307,6 @@ class PostgresKeyStore(KeyStore):
         return [bytes(r["data"]) for r in rows]
 
     async def purge(self, *, now: float) -> int:
-        async with self.store._connection() as conn:
-            result = await conn.execute(f"DELETE FROM {_KEYS} WHERE expires_at < $1", now)
+        async with self.store.connection() as conn:
+            result = await conn.execute(f"DELETE FROM {KEYS} WHERE expires_at < $1", now)
         return int(result.split()[-1])
