@@ -23,6 +23,8 @@ from onceonly.store.history import EventHistory, reading_engine
 from onceonly.store.retention import ChildRows, RetentionRecords
 from onceonly.store.sessions import DashboardSessions
 
+# Collection time: for cut-offs only. An age measured against the clock
+# takes datetime.now() when the test runs (the suite may be minutes old).
 NOW = datetime.now(UTC)
 
 
@@ -92,7 +94,7 @@ def test_queue_depth_per_unfinished_status_capped_and_the_oldest_pending_age(
     set_rows(app, ids[3:5], status="failed")
     set_rows(app, ids[5:6], status="dead")
     set_rows(app, ids[6:7], status="processed")
-    set_rows(app, ids[:1], received_at=when(app, NOW - timedelta(hours=1)))
+    set_rows(app, ids[:1], received_at=when(app, datetime.now(UTC) - timedelta(hours=1)))
 
     stats = history.queue(app.engine, cap=100)
     assert stats.depth == {"pending": 3, "processing": 0, "failed": 2, "dead": 1}
