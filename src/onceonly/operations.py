@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from .events import EventStatus
 from .store.engine import engine_kind_of
-from .store.work_queue import Attempt, WorkQueue
+from .store.history import Attempt, EventHistory
+from .store.work_queue import WorkQueue
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
@@ -43,4 +44,4 @@ def replay(
 
 def attempts_of(engine: sa.Engine, event_pk: int) -> list[Attempt]:
     """The recorded attempts of one event, oldest first."""
-    return WorkQueue(engine_kind_of(engine)).attempts_of(engine, event_pk)
+    return EventHistory(engine_kind_of(engine)).attempts(engine, event_pk)

@@ -32,7 +32,7 @@ from .errors import translated
 from .notifications import CHANNEL
 from .rows import event_columns, event_from_row
 
-__all__ = ["Attempt", "Claimed", "WorkQueue"]
+__all__ = ["Claimed", "WorkQueue"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,30 +41,6 @@ class Claimed:
 
     event: Event
     fence: int
-
-
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    """One recorded attempt of an event (``onceonly_attempts``)."""
-
-    attempt: int
-    worker: str
-    outcome: str
-    error_type: str | None
-    error_message: str | None
-    traceback: str | None
-    finished_at: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "attempt": self.attempt,
-            "worker": self.worker,
-            "outcome": self.outcome,
-            "error_type": self.error_type,
-            "error_message": self.error_message,
-            "traceback": self.traceback,
-            "finished_at": self.finished_at,
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +65,6 @@ class _Statements:
     notify: str | None
     #: How many events a worker could claim now (``run_until_idle``).
     due_count: str
-    attempts_of: str
 
 
 _INSERT_ATTEMPT = """
@@ -103,10 +78,6 @@ _RELEASE = """
     WHERE id = :id AND fence = :fence AND status = 'processing'
 """
 _PURGED_AT = "SELECT payload_purged_at FROM onceonly_events WHERE id = :id"
-_ATTEMPTS_OF = """
-    SELECT attempt, worker, outcome, error_type, error_message, traceback, finished_at
-    FROM onceonly_attempts WHERE event_pk = :pk ORDER BY id
-"""
 
 _POSTGRES = _Statements(
     claim=f"""
@@ -174,7 +145,6 @@ _POSTGRES = _Statements(
         WHERE (status IN ('pending', 'failed') AND run_after <= now())
            OR (status = 'processing' AND lease_expires_at < now())
     """,
-    attempts_of=_ATTEMPTS_OF,
 )
 
 _SQLITE = _Statements(
@@ -229,7 +199,6 @@ _SQLITE = _Statements(
         WHERE (status IN ('pending', 'failed') AND run_after <= :now)
            OR (status = 'processing' AND lease_expires_at < :now)
     """,
-    attempts_of=_ATTEMPTS_OF,
 )
 
 _STATEMENTS = {"postgresql": _POSTGRES, "sqlite": _SQLITE}
@@ -376,23 +345,6 @@ class WorkQueue:
             if ids and self.sql.notify is not None:
                 conn.execute(sa.text(self.sql.notify))
         return ids
-
-    def attempts_of(self, engine: sa.Engine, event_pk: int) -> list[Attempt]:
-        """The recorded attempts of one event, oldest first."""
-        with translated("reading attempts"), engine.connect() as conn:
-            rows = conn.execute(sa.text(self.sql.attempts_of), {"pk": event_pk}).all()
-        return [
-            Attempt(
-                attempt=row.attempt,
-                worker=row.worker,
-                outcome=row.outcome,
-                error_type=row.error_type,
-                error_message=row.error_message,
-                traceback=row.traceback,
-                finished_at=str(row.finished_at),
-            )
-            for row in rows
-        ]
 
 
 def _ids_json(ids: list[int]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from onceonly._exceptions import PayloadPurged, StoreError, StoreUnavailable
 from onceonly.store import Store, migrate_blocking
 from onceonly.store.effects import EffectRecords
 from onceonly.store.engine import create_engine, transaction
+from onceonly.store.history import EventHistory
 from onceonly.store.jobs import JobRecords, JobRow
 from onceonly.store.memory import MemoryStore
 from onceonly.store.outbox import OutboxRecords, OutboxRow
@@ -200,11 +201,13 @@ class TestWorkQueue:
             )
         assert [self.status(db, i)[0] for i in (ok, retry, dead)] == ["processed", "failed", "dead"]
         assert queue.due_count(db) == 1  # the failed one, due again at once
-        (attempt,) = queue.attempts_of(db, dead)
+        # What insert_attempt wrote is what the history reads back.
+        history = EventHistory(queue.kind)
+        (attempt,) = history.attempts(db, dead)
         assert (attempt.attempt, attempt.worker, attempt.outcome) == (1, "w", "dead")
         assert (attempt.error_type, attempt.error_message) == ("E", "never")
         assert attempt.finished_at
-        assert queue.attempts_of(db, ok) == []
+        assert history.attempts(db, ok) == []
 
     async def test_a_release_gives_back_the_attempt(
         self, store: Store, db: sa.Engine, queue: WorkQueue
