@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from .ledger import EffectLedger
     from .metrics import Metrics
     from .settings import Settings
-    from .store import Store
 
 __all__ = ["Deployment"]
 
@@ -43,10 +42,6 @@ class Deployment(Protocol):
     @property
     def api_clients(self) -> Mapping[str, ApiClient]:
         """The provider API clients ``ctx.fetch()`` reads with."""
-
-    @property
-    def store(self) -> Store:
-        """The receive path's store (created on first use)."""
 
     @property
     def engine(self) -> sa.Engine:
