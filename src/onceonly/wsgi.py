@@ -8,9 +8,7 @@ middleware's WSGI front end and for receiving webhooks in a Flask view.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, MutableMapping
 from http import HTTPStatus
-from types import TracebackType
 from typing import Any, NamedTuple
 
 from ._exceptions import BodyTooLarge
@@ -20,19 +18,16 @@ from .asgi import ASGIApp, Message, problem_body
 __all__ = [
     "Answer",
     "Environ",
-    "StartResponse",
-    "WSGIApp",
     "call_asgi",
     "environ_headers",
     "problem_body",
     "read_input",
+    "read_upto",
     "status_line",
 ]
 
-Environ = MutableMapping[str, Any]
-ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
-StartResponse = Callable[..., Callable[[bytes], object]]
-WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
+#: PEP 3333's environ (typeshed's ``WSGIEnvironment``, what Flask is typed with).
+Environ = dict[str, Any]
 
 _READ = 64 * 1024
 # Request headers WSGI keeps outside the HTTP_ prefix.
@@ -59,6 +54,15 @@ def environ_headers(environ: Environ) -> dict[str, str]:
     return headers
 
 
+def _declared(environ: Environ) -> int | None:
+    """The Content-Length, if it is one; huge values come back as ``1 << 62``."""
+    declared: str = environ.get("CONTENT_LENGTH") or ""
+    # ASCII digits only, and few enough of them that int() cannot be made to work hard.
+    if not (declared.isascii() and declared.isdigit()):
+        return None
+    return int(declared) if len(declared) <= 18 else 1 << 62
+
+
 def read_input(environ: Environ, limit: int) -> bytes | None:
     """The whole request body from ``wsgi.input``; ``None`` if the client went
     away before sending all of it.
@@ -67,38 +71,38 @@ def read_input(environ: Environ, limit: int) -> bytes | None:
     reading them when ``Content-Length`` says so, and after `limit` + 1 bytes
     of a chunked body (which servers pass on with ``wsgi.input_terminated``).
     """
+    declared = _declared(environ)
+    if declared is not None and declared > limit:
+        raise BodyTooLarge(f"body of {declared} bytes is over the {limit}-byte limit")
+    body = read_upto(environ, limit + 1)
+    if body is not None and len(body) > limit:
+        raise BodyTooLarge(f"body is over the {limit}-byte limit")
+    return body
+
+
+def read_upto(environ: Environ, cap: int) -> bytes | None:
+    """At most `cap` bytes of the request body; ``None`` if the client went away
+    before the ``Content-Length`` it announced. Never reads past that length,
+    nor (without one) past the end of a chunked body; without either, PEP 3333
+    says there is no body."""
     stream = environ["wsgi.input"]
-    declared = environ.get("CONTENT_LENGTH") or ""
+    declared = _declared(environ)
+    if declared is None and not environ.get("wsgi.input_terminated"):
+        return b""
+    left = cap if declared is None else min(declared, cap)
     chunks: list[bytes] = []
-    # ASCII digits only, and few enough of them that int() cannot be made to work hard.
-    if declared.isascii() and declared.isdigit():
-        if len(declared) > 18 or int(declared) > limit:
-            raise BodyTooLarge(f"body of {declared[:20]} bytes is over the {limit}-byte limit")
-        left = int(declared)
-        while left > 0:
-            try:
-                chunk = stream.read(min(left, _READ))
-            except OSError:  # the connection broke (gunicorn: NoMoreData, an IOError)
-                return None
-            if not chunk:
-                return None
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
-    if not environ.get("wsgi.input_terminated"):
-        return b""  # no length and no terminated stream: PEP 3333 says no body
-    size = 0
-    while True:
+    while left > 0:
         try:
-            chunk = stream.read(_READ)
-        except OSError:
+            chunk = stream.read(min(left, _READ))
+        except OSError:  # the connection broke (gunicorn: NoMoreData, an IOError)
             return None
         if not chunk:
-            return b"".join(chunks)
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"body is over the {limit}-byte limit")
+            if declared is not None:
+                return None  # shorter than announced: the client went away
+            break
         chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 class Answer(NamedTuple):

@@ -23,9 +23,6 @@ from .._exceptions import BodyTooLarge
 from .._threads import background_loop
 from ..wsgi import (
     Environ,
-    ExcInfo,
-    StartResponse,
-    WSGIApp,
     environ_headers,
     problem_body,
     read_input,
@@ -44,6 +41,10 @@ from .policy import (
 )
 
 if TYPE_CHECKING:
+    from _typeshed import OptExcInfo
+    from _typeshed.wsgi import StartResponse
+    from _typeshed.wsgi import WSGIApplication as WSGIApp
+
     from ..config import Onceonly
     from ..store import Store
 
@@ -225,9 +226,10 @@ class _Execution:
         self.recorded = False
 
     def start_response(
-        self, status: str, headers: list[tuple[str, str]], exc_info: ExcInfo | None = None
+        self, status: str, headers: list[tuple[str, str]], exc_info: OptExcInfo | None = None
     ) -> Callable[[bytes], object]:
-        if exc_info is not None and self.sent:
+        if exc_info is not None and exc_info[1] is not None and self.sent:
+            # PEP 3333: too late to change the status, the error goes up.
             raise exc_info[1].with_traceback(exc_info[2])
         self.status, self.headers = status, list(headers)
         code = int(status.split(" ", 1)[0])
@@ -267,6 +269,8 @@ class _Response:
         self.execution = execution
         self.result: Iterable[bytes] | None = None
         self.source: Iterator[bytes] | None = None
+        #: The piece read from the app and not yet passed on.
+        self.held: bytes | None = None
         #: What the app raised (before returning, or while giving its body).
         self.error = error
 
@@ -307,14 +311,15 @@ class _Response:
     def __iter__(self) -> Iterator[bytes]:
         ex = self.execution
         self.source = self._source()
-        held: bytes | None = None
         for piece in self.source:
-            if held is not None:
-                ex.take(held, more=True)
+            # One piece is held back: the last goes out after the record.
+            out, self.held = self.held, piece
+            if out is not None:
+                ex.take(out, more=True)
                 ex.forward_start()
-                yield held
-            held = piece
-        last = self._ending(held)
+                yield out
+        last = self._ending(self.held)
+        self.held = None
         if last is None:
             # Part of the answer is out: the client cannot get a whole one
             # now. The 500 is stored; the server cuts the connection.
@@ -345,6 +350,9 @@ class _Response:
         # failed. Keep recording what the app gives; its retry replays it.
         if self.source is None:
             self.source = self._source()
+        if self.held is not None:
+            ex.take(self.held, more=True)
+            self.held = None
         for piece in self.source:
             ex.take(piece, more=True)
         last = self._ending(None)
