@@ -24,7 +24,7 @@ Nothing here imports Alembic: the filters are plain functions of the shape
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec
 
 from ..store.schema import TABLE_PREFIX, describe
 from ..store.url import DatabaseURL
@@ -47,6 +47,8 @@ __all__ = [
     "include_object_and",
     "metadata_for",
 ]
+
+_P = ParamSpec("_P")
 
 
 def metadata_for(engine: str) -> sa.MetaData:
@@ -106,28 +108,17 @@ def include_object(
 def include_name_and(user_filter: IncludeName) -> IncludeName:
     """An ``include_name`` hook that leaves out onceonly's tables, then asks
     `user_filter` (a hook of the same shape) about the rest."""
-
-    def combined(
-        name: str | None, type_: NameFilterType, parent_names: NameFilterParentNames
-    ) -> bool:
-        return include_name(name, type_, parent_names) and user_filter(name, type_, parent_names)
-
-    return combined
+    return _both(include_name, user_filter)
 
 
 def include_object_and(user_filter: IncludeObject) -> IncludeObject:
     """An ``include_object`` hook that leaves out onceonly's tables, then asks
     `user_filter` (a hook of the same shape) about the rest."""
+    return _both(include_object, user_filter)
 
-    def combined(
-        object_: sa.schema.SchemaItem,
-        name: str | None,
-        type_: NameFilterType,
-        reflected: bool,
-        compare_to: sa.schema.SchemaItem | None,
-    ) -> bool:
-        return include_object(object_, name, type_, reflected, compare_to) and user_filter(
-            object_, name, type_, reflected, compare_to
-        )
+
+def _both(first: Callable[_P, bool], then: Callable[_P, bool]) -> Callable[_P, bool]:
+    def combined(*args: _P.args, **kwargs: _P.kwargs) -> bool:
+        return first(*args, **kwargs) and then(*args, **kwargs)
 
     return combined
