@@ -148,6 +148,15 @@ class _Builder:
             autoincrement=False,
         )
 
+    def _claim(self, owner: str) -> list[sa.Column[Any]]:
+        # A lease: who holds the row, until when, and the fence that tells a
+        # late holder's writes from the current one's (see onceonly.leases).
+        return [
+            sa.Column(owner, sa.Text),
+            sa.Column("lease_expires_at", self.d.due),
+            sa.Column("fence", self.d.bigint, nullable=False),
+        ]
+
     def _unique(self, *columns: str, name: str) -> sa.UniqueConstraint:
         return sa.UniqueConstraint(*columns, name=name if self.d.named_uniques else None)
 
@@ -183,9 +192,7 @@ class _Builder:
             sa.Column("status", sa.Text, nullable=False),
             sa.Column("attempts", sa.Integer, nullable=False),
             sa.Column("run_after", d.due, nullable=False),
-            sa.Column("lease_owner", sa.Text),
-            sa.Column("lease_expires_at", d.due),
-            sa.Column("fence", d.bigint, nullable=False),
+            *self._claim("lease_owner"),
             sa.Column("processed_at", d.stamp),
             sa.Column("handler", sa.Text),
             sa.Column("last_error", sa.Text),
@@ -253,9 +260,7 @@ class _Builder:
             sa.Column("last_error", sa.Text),
             sa.Column("created_at", d.stamp, nullable=False),
             sa.Column("sent_at", d.stamp),
-            sa.Column("owner", sa.Text),
-            sa.Column("lease_expires_at", d.due),
-            sa.Column("fence", d.bigint, nullable=False),
+            *self._claim("owner"),
             sa.CheckConstraint("status IN ('pending', 'sent', 'dead')"),
             self._partial("onceonly_outbox_due_idx", "available_at", where="status = 'pending'"),
             self._partial("onceonly_outbox_event_idx", "event_pk", where="status = 'pending'"),
@@ -269,9 +274,7 @@ class _Builder:
             self.metadata,
             self._bare_key("key", sa.Text()),
             sa.Column("status", sa.Text, nullable=False),
-            sa.Column("owner", sa.Text),
-            sa.Column("fence", d.bigint, nullable=False),
-            sa.Column("lease_expires_at", d.due),
+            *self._claim("owner"),
             sa.Column("result", sa.Text),
             sa.Column("error", sa.Text),
             sa.Column("runs", sa.Integer, nullable=False),
