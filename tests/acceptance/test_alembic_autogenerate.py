@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -76,10 +77,17 @@ def _sqlalchemy_url(database_url: str) -> str:
     return database_url.replace("postgresql://", "postgresql+psycopg://", 1)
 
 
-def _project(tmp_path: Path, database_url: str, env_py: str) -> Path:
-    project = tmp_path / "project"
-    project.mkdir()
+@pytest.fixture(scope="module")
+def initialised(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What ``alembic init migrations`` makes, once for the module (each test copies it)."""
+    project = tmp_path_factory.mktemp("alembic-init")
     _alembic(project, "init", "migrations")
+    return project
+
+
+def _project(initialised: Path, tmp_path: Path, database_url: str, env_py: str) -> Path:
+    project = tmp_path / "project"
+    shutil.copytree(initialised, project)
     ini = project / "alembic.ini"
     text = ini.read_text(encoding="utf-8")
     url = _sqlalchemy_url(database_url)
@@ -133,19 +141,19 @@ def shared_database(database_url: str) -> str:
 
 
 def test_with_the_filter_autogenerate_leaves_onceonly_tables_alone(
-    shared_database: str, tmp_path: Path
+    shared_database: str, initialised: Path, tmp_path: Path
 ) -> None:
     env_py = _documented("env.py")
     assert env_py.count(FILTER_LINE) == 2
-    project = _project(tmp_path, shared_database, env_py)
+    project = _project(initialised, tmp_path, shared_database, env_py)
     assert _operations(project) == {("create_table", "refunds")}
 
 
 def test_without_the_filter_autogenerate_drops_onceonly_tables(
-    shared_database: str, tmp_path: Path, engine: str
+    shared_database: str, initialised: Path, tmp_path: Path, engine: str
 ) -> None:
     env_py = _documented("env.py").replace(FILTER_LINE, "")
-    project = _project(tmp_path, shared_database, env_py)
+    project = _project(initialised, tmp_path, shared_database, env_py)
     operations = _operations(project)
     assert ("drop_table", "onceonly_events") in operations
     dropped = {table for op, table in operations if op == "drop_table"}
@@ -154,11 +162,11 @@ def test_without_the_filter_autogenerate_drops_onceonly_tables(
 
 
 def test_with_the_description_autogenerate_proposes_nothing_for_onceonly(
-    shared_database: str, tmp_path: Path
+    shared_database: str, initialised: Path, tmp_path: Path
 ) -> None:
     target = _documented("target_metadata")
     env_py = _documented("env.py").replace(FILTER_LINE, "")
     env_py = env_py.replace("target_metadata = Base.metadata\n", target)
     assert "metadata_for" in env_py
-    project = _project(tmp_path, shared_database, env_py)
+    project = _project(initialised, tmp_path, shared_database, env_py)
     assert _operations(project) == {("create_table", "refunds")}
