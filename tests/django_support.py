@@ -1,0 +1,85 @@
+"""The Django test project (tests/djangoproject), in process and in subprocesses.
+
+Django is configured once per test process, so the in-process tests share one
+settings module with two databases: ``default`` (a SQLite file of this run)
+and ``postgresql`` (the run's PostgreSQL database). :func:`django_alias`
+points onceonly and the shop's tables at the engine's alias for one test;
+:func:`project_env` gives a subprocess (gunicorn, ``manage.py``) the same
+project on a database of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+PROJECT = Path(__file__).resolve().parent / "djangoproject"
+_SQLITE_FILE = Path(tempfile.mkdtemp(prefix="onceonly-django-")) / "default.sqlite3"
+
+
+def database_env(url: str) -> dict[str, str]:
+    """The environment that makes the project's ``default`` database `url`."""
+    return {"ONCEONLY_TEST_DJANGO_DB": url, "DJANGO_SETTINGS_MODULE": "project.settings"}
+
+
+def project_env(url: str, **extra: str) -> dict[str, str]:
+    """A full environment for a subprocess running the project on `url`."""
+    env = dict(os.environ)
+    env.update(database_env(url))
+    env["PYTHONPATH"] = os.pathsep.join([str(PROJECT), env.get("PYTHONPATH", "")])
+    env.update(extra)
+    return env
+
+
+def setup(postgres_url: str | None) -> None:
+    """Configure Django in this process (once; later calls do nothing).
+
+    `postgres_url` is the run's PostgreSQL database whenever PostgreSQL is
+    among the engines, whichever engine the first test runs on: the set of
+    aliases is fixed at set-up."""
+    import django
+    from django.conf import settings
+
+    if settings.configured:
+        return
+    if str(PROJECT) not in sys.path:
+        sys.path.insert(0, str(PROJECT))
+    os.environ.update(database_env(f"sqlite:///{_SQLITE_FILE}"))
+    if postgres_url:
+        os.environ["ONCEONLY_TEST_DJANGO_POSTGRES"] = postgres_url
+    django.setup()
+
+
+@contextlib.contextmanager
+def django_alias(engine: str, postgres_url: str | None) -> Iterator[str]:
+    """Django set up, onceonly and the shop on `engine`'s alias, migrated from
+    empty; the alias, for ``using=``. The caller empties the PostgreSQL
+    database first (the ``database_url`` fixture does)."""
+    setup(postgres_url)
+    from django.core.management import call_command
+    from django.db import connections
+    from django.test import override_settings
+
+    from onceonly.contrib.django import reset
+
+    alias = "default" if engine == "sqlite" else "postgresql"
+    connections.close_all()
+    if engine == "sqlite":
+        for suffix in ("", "-wal", "-shm", ".effects", ".effects-wal", ".effects-shm"):
+            Path(f"{_SQLITE_FILE}{suffix}").unlink(missing_ok=True)
+    from django.conf import settings
+
+    onceonly: dict[str, Any] = {**settings.ONCEONLY, "DATABASE": alias}
+    with override_settings(ONCEONLY=onceonly):
+        reset()
+        call_command("migrate", database=alias, verbosity=0)
+        try:
+            yield alias
+        finally:
+            connections.close_all()
+            reset()
