@@ -69,6 +69,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
 ]
+if os.environ.get("ONCEONLY_TEST_DJANGO_IDEMPOTENCY") == "1":
+    MIDDLEWARE.append("onceonly.contrib.django.idempotency.IdempotencyMiddleware")
 ROOT_URLCONF = "project.urls"
 TEMPLATES = [
     {

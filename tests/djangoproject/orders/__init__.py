@@ -1,0 +1,1 @@
+"""The shop's order API: views behind onceonly's Idempotency-Key (no models)."""

@@ -1,0 +1,283 @@
+"""Idempotency-Key for Django views, over real HTTP, on a real SQLite file and PostgreSQL.
+
+The conformance tests of test_idempotency.py run here against the test
+project (tests/djangoproject, its ``orders`` views) with
+:class:`~onceonly.contrib.django.idempotency.IdempotencyMiddleware` on:
+sync views under a real gunicorn (two worker processes, threads), async
+views under uvicorn. A server and its database serve a whole module (one per
+engine and front end: the shared tests use distinct keys); each test counts
+its own runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import cast
+
+import asyncpg
+import httpx
+import pytest
+
+pytest.importorskip("django")
+
+import test_idempotency as shared
+from test_idempotency import (
+    key,
+    test_50_concurrent_requests_with_one_key_run_the_endpoint_once,
+    test_a_500_is_stored_and_replayed_not_run_again,
+    test_first_request_runs_and_repeats_replay_it,
+    test_keys_are_scoped_by_client_identity,
+    test_large_streamed_responses_replay_byte_for_byte,
+    test_quoted_and_bare_keys_are_the_same_key,
+    test_same_key_different_request_is_422,
+    test_validation_failures_are_not_stored,
+)
+
+import django_support
+from conftest import POSTGRES
+from support import ENGINES, free_port
+
+__all__ = [
+    "test_50_concurrent_requests_with_one_key_run_the_endpoint_once",
+    "test_a_500_is_stored_and_replayed_not_run_again",
+    "test_first_request_runs_and_repeats_replay_it",
+    "test_keys_are_scoped_by_client_identity",
+    "test_large_streamed_responses_replay_byte_for_byte",
+    "test_quoted_and_bare_keys_are_the_same_key",
+    "test_same_key_different_request_is_422",
+    "test_validation_failures_are_not_stored",
+]
+
+USERS = {"ana": "ana-password", "bia": "bia-password"}
+
+
+class RemoteShop:
+    """The runs of the server's views, as ``Shop.runs`` gives them in process."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        for path in directory.iterdir():
+            path.unlink()
+
+    @property
+    def runs(self) -> dict[str, int]:
+        return {path.name: path.stat().st_size for path in self.directory.iterdir()}
+
+
+class Site(contextlib.AbstractContextManager["Site"]):
+    """The test project served by a real server subprocess."""
+
+    def __init__(self, frontend: str, env: dict[str, str], log: Path) -> None:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.variant = "sync" if frontend == "wsgi" else "async"
+        if frontend == "wsgi":
+            # Two processes: the concurrent requests' claims meet in the database.
+            args = ["gunicorn", "project.wsgi:application", "--bind", f"127.0.0.1:{port}"]
+            args += ["--workers", "2", "--worker-class", "gthread", "--threads", "32"]
+        else:
+            args = ["uvicorn", "project.asgi:application", "--port", str(port)]
+        self.log = log
+        with log.open("wb") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", *args, "--log-level", "warning"],
+                env=env,
+                cwd=django_support.PROJECT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{self.url}/up", timeout=1).status_code == 404:
+                    return
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.process.kill()
+                raise AssertionError(f"{args[0]} did not come up:\n{log.read_text()[-5000:]}")
+            time.sleep(0.05)
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.kill()
+        self.process.wait(10)
+
+    @property
+    def base(self) -> str:
+        """Where the shop's views are (``/orders``, ``/slow``... under it)."""
+        return f"{self.url}/orders/{self.variant}"
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module", params=["wsgi", "asgi"])
+def frontend(request: pytest.FixtureRequest) -> str:
+    """Sync views under gunicorn (WSGI) or async views under uvicorn (ASGI)."""
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def project_db(
+    engine: str, frontend: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """A database of the front end's own (the shared tests' keys would meet
+    across front ends), migrated, with two users."""
+    if engine == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('django-idem') / 'project.db'}"
+    else:
+        name = f"onceonly_test_{os.getpid()}_django_{frontend}"
+        asyncio.run(_postgres(f'DROP DATABASE IF EXISTS "{name}"', f'CREATE DATABASE "{name}"'))
+        url = POSTGRES.url.rsplit("/", 1)[0] + f"/{name}"
+    users = "; ".join(f"User.objects.create_user({u!r}, password={p!r})" for u, p in USERS.items())
+    code = (
+        "from django.core.management import call_command; call_command('migrate', verbosity=0)"
+        f"; from django.contrib.auth.models import User; {users}"
+    )
+    subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", code],
+        env=django_support.project_env(url),
+        cwd=django_support.PROJECT,
+        check=True,
+    )
+    yield url
+    if engine != "sqlite":
+        asyncio.run(_postgres(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+async def _postgres(*statements: str) -> None:
+    conn = await asyncpg.connect(POSTGRES.admin_url, timeout=5)
+    try:
+        for statement in statements:
+            await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("django-runs")
+
+
+def _site(frontend: str, url: str, runs: Path, log: Path, **env: str) -> Site:
+    return Site(
+        frontend, django_support.project_env(url, ONCEONLY_TEST_DJANGO_RUNS=str(runs), **env), log
+    )
+
+
+@pytest.fixture(scope="module")
+def site(frontend: str, project_db: str, runs_dir: Path) -> Iterator[Site]:
+    """The project with the middleware in MIDDLEWARE."""
+    log = runs_dir.parent / f"{frontend}-middleware.log"
+    with _site(frontend, project_db, runs_dir, log, ONCEONLY_TEST_DJANGO_IDEMPOTENCY="1") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def plain_site(frontend: str, project_db: str, runs_dir: Path) -> Iterator[Site]:
+    """The project without the middleware: only the decorated views are covered."""
+    with _site(frontend, project_db, runs_dir, runs_dir.parent / f"{frontend}-plain.log") as s:
+        yield s
+
+
+@pytest.fixture
+def server(site: Site) -> str:
+    return site.base
+
+
+@pytest.fixture
+def shop(runs_dir: Path) -> RemoteShop:
+    return RemoteShop(runs_dir)
+
+
+@pytest.fixture
+def database_url(project_db: str) -> str:
+    return project_db
+
+
+@pytest.mark.parametrize(
+    ("header", "status"), [('"unterminated', 400), ("", 400), ("x" * 256, 400), ("é", 400)]
+)
+async def test_malformed_keys_are_400(
+    server: str, shop: RemoteShop, header: str, status: int
+) -> None:
+    # A missing key is not refused: the middleware's default is required=False
+    # (the decorated views below require one).
+    await shared.test_missing_or_malformed_keys_are_400(
+        server, cast(shared.Shop, shop), header, status
+    )
+
+
+async def test_keys_are_scoped_by_the_logged_in_user(site: Site, shop: RemoteShop) -> None:
+    """Two users logged in through Django's auth send the same key: each gets
+    their own answer; the same user gets the replay. Anonymous, with no
+    Authorization header, there is no client to scope the key to."""
+    same_key = {"idempotency-key": "checkout-1"}
+    path = f"{site.base}/whoami"
+    async with httpx.AsyncClient() as anonymous:
+        refused = await anonymous.post(path, json={"card": "4242"}, headers=same_key)
+    async with httpx.AsyncClient() as ana, httpx.AsyncClient() as bia:
+        for client, (user, password) in zip((ana, bia), USERS.items(), strict=True):
+            login = await client.post(
+                f"{site.url}/orders/login", data={"username": user, "password": password}
+            )
+            assert login.status_code == 204
+        first = await ana.post(path, json={"card": "4242"}, headers=same_key)
+        other = await bia.post(path, json={"card": "1881"}, headers=same_key)
+        again = await ana.post(path, json={"card": "4242"}, headers=same_key)
+    assert refused.status_code == 400
+    assert refused.json()["type"].endswith("idempotency-key-unscoped")
+    assert (first.status_code, other.status_code, again.status_code) == (201, 201, 201)
+    assert (first.json()["user"], other.json()["user"]) == ("ana", "bia")
+    assert "idempotent-replayed" not in other.headers
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.content == first.content
+    assert shop.runs["whoami"] == 2
+
+
+async def test_a_decorated_view_requires_a_key_and_keeps_djangos_500(
+    plain_site: Site, shop: RemoteShop
+) -> None:
+    """Without the middleware, @idempotent covers its view: a sync class-based
+    view (method_decorator) under WSGI, an async view under ASGI. The view
+    raises: Django's own 500 page is answered, kept and replayed."""
+    name = "refund" if plain_site.variant == "sync" else "capture"
+    path = f"{plain_site.base}/{name}"
+    async with httpx.AsyncClient() as client:
+        missing = await client.post(path, json={})
+        first = await client.post(path, json={"fail": True}, headers=key("d-1"))
+        again = await client.post(path, json={"fail": True}, headers=key("d-1"))
+        ok = await client.post(path, json={}, headers=key("d-2"))
+        ok_again = await client.post(path, json={}, headers=key("d-2"))
+        undecorated = await client.post(f"{plain_site.base}/orders", json={}, headers=key("d-3"))
+        undecorated_again = await client.post(
+            f"{plain_site.base}/orders", json={}, headers=key("d-3")
+        )
+    assert missing.status_code == 400
+    assert missing.headers["content-type"] == "application/problem+json"
+    assert missing.json()["type"].endswith("idempotency-key-missing")
+    assert first.status_code == again.status_code == 500
+    assert b"Server Error (500)" in first.content  # Django's page, not the view's
+    assert again.content == first.content
+    assert again.headers["idempotent-replayed"] == "true"
+    assert (ok.status_code, ok_again.status_code) == (201, 201)
+    assert ok_again.headers["idempotent-replayed"] == "true"
+    assert shop.runs[name] == 2
+    # Without the middleware, the other views know nothing of keys.
+    assert undecorated.json()["id"] != undecorated_again.json()["id"]
+
+
+def test_the_views_log_no_unexpected_errors(site: Site) -> None:
+    """Whatever ran on this server so far: no traceback but the decorated
+    views' own, no warning about consuming iterators."""
+    text = site.log.read_text(errors="replace")
+    assert "SynchronousOnlyOperation" not in text
+    assert "must consume synchronous iterators" not in text
+    assert "attached to a different loop" not in text
