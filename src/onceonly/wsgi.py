@@ -24,6 +24,7 @@ __all__ = [
     "problem_body",
     "read_input",
     "read_upto",
+    "request_path",
     "status_line",
 ]
 
@@ -41,6 +42,16 @@ def status_line(status: int) -> str:
         return f"{status} {HTTPStatus(status).phrase}"
     except ValueError:
         return f"{status} Status {status}"
+
+
+def request_path(environ: Environ) -> str:
+    """The request's path as ASGI gives it: the mount point (``SCRIPT_NAME``)
+    included, decoded as UTF-8 (PEP 3333 hands it over as Latin-1 text)."""
+    raw = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
+    try:
+        return str(raw.encode("latin-1").decode("utf-8"))
+    except UnicodeError:
+        return str(raw)
 
 
 def environ_headers(environ: Environ) -> dict[str, str]:

@@ -13,7 +13,7 @@ import pytest
 
 from onceonly import BodyTooLarge
 from onceonly._threads import background_loop
-from onceonly.wsgi import environ_headers, read_input, read_upto, status_line
+from onceonly.wsgi import environ_headers, read_input, read_upto, request_path, status_line
 
 
 class Dropping(io.BytesIO):
@@ -120,3 +120,11 @@ def test_all_threads_share_one_loop_and_a_forked_child_starts_its_own() -> None:
     answer = os.read(read, 1)
     os.waitpid(pid, 0)
     assert answer == b"1"
+
+
+def test_the_path_is_the_one_asgi_would_give() -> None:
+    # PEP 3333: the URL-decoded bytes as Latin-1 text; ASGI: decoded as UTF-8.
+    latin = "/pedidos/a\u00e7a\u00ed".encode().decode("latin-1")
+    environ = {"SCRIPT_NAME": "/api", "PATH_INFO": latin}
+    assert request_path(environ) == "/api/pedidos/a\u00e7a\u00ed"
+    assert request_path({"PATH_INFO": "/caf\u00e9"}) == "/caf\u00e9"  # not UTF-8: kept as is
