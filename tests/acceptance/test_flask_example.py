@@ -1,6 +1,6 @@
 """The Flask page's example application, run exactly as printed: its code block
 is extracted from ``docs/flask.md``, its tables made with ``flask init-db``, and
-it is served by gunicorn (two worker processes, threads) with ``onceonly
+it is served by gunicorn (two worker processes forked from a preloaded app, threads) with ``onceonly
 worker`` beside it, as the page says to run it."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def flask_app(database_url: str, tmp_path: Path, procs: list[Proc]) -> Iterator[
         process = subprocess.Popen(
             [
                 *(sys.executable, "-m", "gunicorn", "--workers", "2", "--threads", "8"),
-                *("--bind", f"127.0.0.1:{port}", "flask_app:app"),
+                *("--preload", "--bind", f"127.0.0.1:{port}", "flask_app:app"),
             ],
             cwd=tmp_path,
             env=env,
@@ -88,7 +88,7 @@ def flask_app(database_url: str, tmp_path: Path, procs: list[Proc]) -> Iterator[
 def _check_deliveries(url: str) -> None:
     body, headers = stripe_delivery("evt_flask_1", extra={"object": {"id": "pi_1", "amount": 990}})
     first = httpx.post(f"{url}/webhooks/stripe", content=body, headers=headers, timeout=10)
-    # Concurrent resends, spread over both gunicorn processes.
+    # Concurrent resends, to two gunicorn processes of eight threads each.
     with ThreadPoolExecutor(8) as pool:
         resends = list(
             pool.map(
