@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..wsgi import Environ, call_asgi, declared_length, read_upto
+from ..wsgi import Environ, call_asgi, declared_length, problem_body, read_upto
 
 if TYPE_CHECKING:
     import flask
@@ -57,8 +57,14 @@ def webhook_view(
         declared = declared_length(environ)
         body = b"" if declared is not None and declared > limit else read_upto(environ, limit + 1)
         if body is None:
-            # The sender went away mid-body: nothing to store, nobody to tell.
-            return Response(status=400)
+            # The sender went away mid-body: nothing is stored, and the
+            # answer (WSGI wants one) reaches nobody.
+            detail = "the request body ended before the length its Content-Length announced"
+            return Response(
+                problem_body(400, "incomplete-body", "Incomplete Body", detail),
+                status=400,
+                content_type="application/problem+json",
+            )
         answer = call_asgi(receiver, environ, f"/{provider}", body)
         return Response(
             answer.body,

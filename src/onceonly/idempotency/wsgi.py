@@ -59,6 +59,14 @@ log = logging.getLogger("onceonly.idempotency")
 EnvironScope = Callable[[Environ], "str | None"]
 
 
+_INCOMPLETE = Problem(
+    400,
+    "incomplete-body",
+    "Incomplete Body",
+    "the request body ended before the length its Content-Length announced",
+)
+
+
 def _problem(start_response: StartResponse, problem: Problem) -> list[bytes]:
     body = problem_body(problem.status, problem.reason, problem.title, problem.detail)
     headers = [
@@ -143,7 +151,9 @@ class WSGIIdempotencyMiddleware:
         except BodyTooLarge:
             return _problem(start_response, too_large(policy.max_request_bytes))
         if body is None:
-            return []  # the client went away before its request was whole: nothing claimed
+            # The client went away before its request was whole: nothing is
+            # claimed, and WSGI wants an answer all the same.
+            return _problem(start_response, _INCOMPLETE)
         query = environ.get("QUERY_STRING", "").encode("latin-1")
         fp = policy.fingerprint(method, path, query, body, headers)
         ident = (admitted.client, admitted.key)
