@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from onceonly import BodyTooLarge
+from onceonly import BodyTooLarge, ConfigurationError
 from onceonly._threads import background_loop
 from onceonly.wsgi import environ_headers, read_input, read_upto, request_path, status_line
 
@@ -128,3 +128,16 @@ def test_the_path_is_the_one_asgi_would_give() -> None:
     environ = {"SCRIPT_NAME": "/api", "PATH_INFO": latin}
     assert request_path(environ) == "/api/pedidos/a\u00e7a\u00ed"
     assert request_path({"PATH_INFO": "/caf\u00e9"}) == "/caf\u00e9"  # not UTF-8: kept as is
+
+
+def test_the_loop_refuses_to_wait_on_itself() -> None:
+    loop = background_loop()
+
+    async def nested() -> None:
+        async def inner() -> None:
+            return None
+
+        loop.run(inner())
+
+    with pytest.raises(ConfigurationError, match="own loop"):
+        loop.run(nested())
