@@ -133,11 +133,31 @@ def _check_orders(url: str) -> None:
     assert keyless.status_code == 400
 
 
+def _check_concurrent_orders(url: str) -> None:
+    """One customer's client sends one key 16 times at once, to both processes:
+    the database lets one of them run."""
+    with httpx.Client(base_url=url) as login:
+        login.post("/login", json={"customer": "cai"})
+        cookies = dict(login.cookies)
+    key = {"Idempotency-Key": "o-race"}
+
+    def send(_: int) -> httpx.Response:
+        return httpx.post(f"{url}/orders", json={"item": "mug"}, headers=key, cookies=cookies)
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(send, range(16)))
+    assert {a.status_code for a in answers} <= {201, 409}
+    created = {a.json()["id"] for a in answers if a.status_code == 201}
+    assert len(created) == 1
+    assert sum("idempotent-replayed" not in a.headers for a in answers if a.status_code == 201) == 1
+
+
 def test_the_documented_flask_app_stores_each_delivery_once_and_runs_each_order_once(
     flask_app: str, database_url: str, tmp_path: Path, procs: list[Proc]
 ) -> None:
     _check_deliveries(flask_app)
     _check_orders(flask_app)
+    _check_concurrent_orders(flask_app)
     # The worker, as the page runs it, handles the one stored event once.
     env = _env(database_url, tmp_path)
     worker = Proc.start(
@@ -160,4 +180,4 @@ def test_the_documented_flask_app_stores_each_delivery_once_and_runs_each_order_
         engine.dispose()
     assert [tuple(row) for row in paid] == [("pi_1", 990)]
     assert events == ["evt_flask_1"]  # nothing from the forged or unknown deliveries
-    assert [tuple(row) for row in placed] == [("ana", "book"), ("bia", "pen")]
+    assert [tuple(row) for row in placed] == [("ana", "book"), ("bia", "pen"), ("cai", "mug")]
