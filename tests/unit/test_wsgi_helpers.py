@@ -141,3 +141,15 @@ def test_the_loop_refuses_to_wait_on_itself() -> None:
 
     with pytest.raises(ConfigurationError, match="own loop"):
         loop.run(nested())
+
+
+def test_the_flask_helpers_and_the_wsgi_middleware_import_no_framework() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, onceonly.contrib.flask, onceonly.idempotency\n"
+        "loaded = {'flask', 'werkzeug', 'waitress', 'gunicorn'} & set(sys.modules)\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
