@@ -8,6 +8,8 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from ._exceptions import ConfigurationError
+
 __all__ = ["LoopThread", "background_loop", "run_on_own_loop"]
 
 T = TypeVar("T")
@@ -56,6 +58,12 @@ class LoopThread:
 
     def run(self, work: Coroutine[Any, Any, T]) -> T:
         """Run `work` on the loop; block the calling thread until it is done."""
+        if threading.current_thread() is self.thread:
+            work.close()
+            # Waiting on itself would never end.
+            raise ConfigurationError(
+                "synchronous onceonly code (a WSGI front end) called from its own loop"
+            )
         return asyncio.run_coroutine_threadsafe(work, self.loop).result()
 
 

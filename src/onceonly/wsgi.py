@@ -19,10 +19,12 @@ __all__ = [
     "Answer",
     "Environ",
     "call_asgi",
+    "declared_length",
     "environ_headers",
     "problem_body",
     "read_input",
     "read_upto",
+    "request_path",
     "status_line",
 ]
 
@@ -42,6 +44,16 @@ def status_line(status: int) -> str:
         return f"{status} Status {status}"
 
 
+def request_path(environ: Environ) -> str:
+    """The request's path as ASGI gives it: the mount point (``SCRIPT_NAME``)
+    included, decoded as UTF-8 (PEP 3333 hands it over as Latin-1 text)."""
+    raw = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
+    try:
+        return str(raw.encode("latin-1").decode("utf-8"))
+    except UnicodeError:
+        return str(raw)
+
+
 def environ_headers(environ: Environ) -> dict[str, str]:
     """Request headers by lower-case name, as :func:`onceonly.asgi.lower_headers`
     gives them (servers join repeats with ", " or "," themselves)."""
@@ -54,7 +66,7 @@ def environ_headers(environ: Environ) -> dict[str, str]:
     return headers
 
 
-def _declared(environ: Environ) -> int | None:
+def declared_length(environ: Environ) -> int | None:
     """The Content-Length, if it is one; huge values come back as ``1 << 62``."""
     declared: str = environ.get("CONTENT_LENGTH") or ""
     # ASCII digits only, and few enough of them that int() cannot be made to work hard.
@@ -71,7 +83,7 @@ def read_input(environ: Environ, limit: int) -> bytes | None:
     reading them when ``Content-Length`` says so, and after `limit` + 1 bytes
     of a chunked body (which servers pass on with ``wsgi.input_terminated``).
     """
-    declared = _declared(environ)
+    declared = declared_length(environ)
     if declared is not None and declared > limit:
         raise BodyTooLarge(f"body of {declared} bytes is over the {limit}-byte limit")
     body = read_upto(environ, limit + 1)
@@ -86,7 +98,7 @@ def read_upto(environ: Environ, cap: int) -> bytes | None:
     nor (without one) past the end of a chunked body; without either, PEP 3333
     says there is no body."""
     stream = environ["wsgi.input"]
-    declared = _declared(environ)
+    declared = declared_length(environ)
     if declared is None and not environ.get("wsgi.input_terminated"):
         return b""
     left = cap if declared is None else min(declared, cap)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..wsgi import Environ, call_asgi, read_upto
+from ..wsgi import Environ, call_asgi, declared_length, problem_body, read_upto
 
 if TYPE_CHECKING:
     import flask
@@ -31,7 +31,9 @@ if TYPE_CHECKING:
 __all__ = ["user_scope", "webhook_view"]
 
 
-def webhook_view(onceonly: Onceonly, *, name: str = "onceonly_webhook") -> Callable[..., object]:
+def webhook_view(
+    onceonly: Onceonly, *, name: str = "onceonly_webhook"
+) -> Callable[[str], flask.Response]:
     """A Flask view for ``POST /<provider>`` deliveries, for the providers of
     `onceonly`; route it with a ``<provider>`` variable::
 
@@ -50,12 +52,19 @@ def webhook_view(onceonly: Onceonly, *, name: str = "onceonly_webhook") -> Calla
 
         environ = request.environ
         # Read here, on the server's thread, never more than one byte past
-        # the limit: the receiver then refuses what is too large (413), by
-        # the Content-Length before anything is read, as `onceonly serve` does.
-        body = read_upto(environ, limit + 1)
+        # the limit: the receiver then refuses what is too large (413). One
+        # whose Content-Length says so is refused unread, as by `onceonly serve`.
+        declared = declared_length(environ)
+        body = b"" if declared is not None and declared > limit else read_upto(environ, limit + 1)
         if body is None:
-            # The sender went away mid-body: nothing to store, nobody to tell.
-            return Response(status=400)
+            # The sender went away mid-body: nothing is stored, and the
+            # answer (WSGI wants one) reaches nobody.
+            detail = "the request body ended before the length its Content-Length announced"
+            return Response(
+                problem_body(400, "incomplete-body", "Incomplete Body", detail),
+                status=400,
+                content_type="application/problem+json",
+            )
         answer = call_asgi(receiver, environ, f"/{provider}", body)
         return Response(
             answer.body,

@@ -15,7 +15,9 @@ network drops; it gets the first response back, not a second order.
 - The database unreachable: ``503``; the endpoint never runs unprotected.
 
 Errors are ``application/problem+json``. See docs/idempotency.md for the
-published policy (key format, expiry, what is replayed).
+published policy (key format, expiry, what is replayed). The decisions are
+:mod:`.policy`'s, shared with the WSGI front end (:mod:`.wsgi`); this module
+carries them over ASGI's messages.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import logging
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from .._exceptions import ConfigurationError, StoreError
@@ -335,10 +335,17 @@ class IdempotencyPolicy:
             return self.required
         return any(p.search(path) for p in self.required)
 
-    def admit(self, path: str, headers: dict[str, str]) -> Admitted | Problem | None:
+    def admit(
+        self,
+        path: str,
+        headers: dict[str, str],
+        identify: Callable[[], str | None] | None = None,
+    ) -> Admitted | Problem | None:
         """The key and client of a covered request (headers by lower-case
         name); a problem to answer instead; or ``None``: no key, and none
-        required, so the request passes through untouched."""
+        required, so the request passes through untouched. `identify`, when
+        given, names the client instead of the scope function (the WSGI front
+        end's `environ_scope`); it is asked only once the key is valid."""
         raw_key = headers.get("idempotency-key")
         if raw_key is None:
             return MISSING if self._is_required(path) else None
@@ -346,7 +353,7 @@ class IdempotencyPolicy:
             key = parse_key(raw_key)
         except InvalidKey as exc:
             return invalid_key(exc)
-        client = self.scope(headers)
+        client = identify() if identify is not None else self.scope(headers)
         if not client:
             return UNSCOPED
         return Admitted(client, key)

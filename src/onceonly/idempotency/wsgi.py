@@ -19,20 +19,20 @@ import logging
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Literal
 
-from .._exceptions import BodyTooLarge
+from .._exceptions import BodyTooLarge, ConfigurationError
 from .._threads import background_loop
 from ..wsgi import (
     Environ,
     environ_headers,
     problem_body,
     read_input,
+    request_path,
     status_line,
 )
 from .keys import ClientScope
 from .policy import (
     CHUNK,
     DEFAULT_RELEASE_STATUSES,
-    UNSCOPED,
     IdempotencyPolicy,
     Problem,
     Recorder,
@@ -57,6 +57,14 @@ log = logging.getLogger("onceonly.idempotency")
 #: stands for: see :func:`onceonly.contrib.flask.user_scope`). ``None`` or
 #: ``""``: no client, and a request with a key is refused (400).
 EnvironScope = Callable[[Environ], "str | None"]
+
+
+_INCOMPLETE = Problem(
+    400,
+    "incomplete-body",
+    "Incomplete Body",
+    "the request body ended before the length its Content-Length announced",
+)
 
 
 def _problem(start_response: StartResponse, problem: Problem) -> list[bytes]:
@@ -102,8 +110,6 @@ class WSGIIdempotencyMiddleware:
         replay_set_cookie: bool = False,
         cache_bytes: int = 32 * 1024 * 1024,
     ) -> None:
-        from .._exceptions import ConfigurationError
-
         if scope is not None and environ_scope is not None:
             raise ConfigurationError("give scope= or environ_scope=, not both")
         self.app = app
@@ -114,8 +120,7 @@ class WSGIIdempotencyMiddleware:
             methods=methods,
             paths=paths,
             required=required,
-            # The environ scope is asked after the key is read (see __call__).
-            scope=(lambda headers: "environ") if environ_scope is not None else scope,
+            scope=scope,
             fingerprint_headers=fingerprint_headers,
             ttl=ttl,
             lock_timeout=lock_timeout,
@@ -130,31 +135,28 @@ class WSGIIdempotencyMiddleware:
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         policy = self.policy
-        # The path as ASGI gives it: the mount point included.
-        path = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
+        path = request_path(environ)
         method = environ["REQUEST_METHOD"]
         if not policy.covers(method, path):
             return self.app(environ, start_response)
         headers = environ_headers(environ)
-        admitted = policy.admit(path, headers)
+        scope = self.environ_scope
+        admitted = policy.admit(path, headers, None if scope is None else (lambda: scope(environ)))
         if admitted is None:
             return self.app(environ, start_response)
         if isinstance(admitted, Problem):
             return _problem(start_response, admitted)
-        client = admitted.client
-        if self.environ_scope is not None:
-            client = self.environ_scope(environ) or ""
-            if not client:
-                return _problem(start_response, UNSCOPED)
         try:
             body = read_input(environ, policy.max_request_bytes)
         except BodyTooLarge:
             return _problem(start_response, too_large(policy.max_request_bytes))
         if body is None:
-            return []  # the client went away before its request was whole: nothing claimed
+            # The client went away before its request was whole: nothing is
+            # claimed, and WSGI wants an answer all the same.
+            return _problem(start_response, _INCOMPLETE)
         query = environ.get("QUERY_STRING", "").encode("latin-1")
         fp = policy.fingerprint(method, path, query, body, headers)
-        ident = (client, admitted.key)
+        ident = (admitted.client, admitted.key)
         bridge = background_loop()
         decision = bridge.run(policy.decide(ident, fp))
         if isinstance(decision, Problem):

@@ -919,3 +919,29 @@ def test_flask_keys_scoped_by_the_logged_in_user(shop: Shop, database_url: str) 
     assert again.headers["idempotent-replayed"] == "true"
     assert again.content == first.content
     assert shop.runs["orders"] == 2
+
+
+async def test_a_chunked_request_body_is_read_whole_and_held_to_the_limit(
+    shop: Shop, database_url: str, frontend: str
+) -> None:
+    """No Content-Length (Transfer-Encoding: chunked): the body is read to its
+    end for the fingerprint and the endpoint, and refused past the limit."""
+    body = json.dumps({"sku": "A1", "pad": "x" * 50}).encode()
+
+    async def pieces(data: bytes) -> AsyncIterator[bytes]:
+        for i in range(0, len(data), 16):
+            yield data[i : i + 16]
+
+    typed = {**key("chunked"), "content-type": "application/json"}
+    with serve(shop, database_url, frontend, max_request_bytes=200) as url:
+        async with httpx.AsyncClient(base_url=url) as client:
+            first = await client.post("/orders", content=pieces(body), headers=typed)
+            again = await client.post("/orders", content=pieces(body), headers=typed)
+            big = await client.post(
+                "/orders", content=pieces(body * 5), headers={**typed, "idempotency-key": "big"}
+            )
+    assert first.status_code == again.status_code == 201
+    assert first.json()["pad"] == "x" * 50
+    assert again.headers["idempotent-replayed"] == "true"
+    assert big.status_code == 413
+    assert shop.runs["orders"] == 1
