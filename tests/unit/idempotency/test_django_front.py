@@ -1,0 +1,231 @@
+"""The Django front end of the Idempotency-Key policy, called as Django calls it
+(sync and async), on the in-memory store: no database, no server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("django")
+
+from asgiref.sync import iscoroutinefunction
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.test import RequestFactory, override_settings
+
+import django_support
+from conftest import POSTGRES
+from onceonly import ConfigurationError
+from onceonly.contrib.django.idempotency import IdempotencyMiddleware, idempotent
+from onceonly.store.memory import MemoryStore
+from support import ENGINES
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _django() -> None:
+    # The set of aliases is fixed at set-up, for the Django tests after these.
+    django_support.setup(POSTGRES.url if "postgresql" in ENGINES else None)
+
+
+KEY = {"idempotency-key": "k-1"}
+
+
+class User:
+    """What the default scope reads of ``request.user``."""
+
+    def __init__(self, pk: int | None) -> None:
+        self.pk = pk
+        self.is_authenticated = pk is not None
+
+
+def post(user: int | None, body: bytes = b"{}", key: str = "k-1") -> HttpRequest:
+    request = RequestFactory().post(
+        "/orders", data=body, content_type="application/json", headers={"idempotency-key": key}
+    )
+    request.user = User(user)  # type: ignore[assignment]
+
+    async def auser() -> User:
+        return User(user)
+
+    request.auser = auser  # type: ignore[assignment]
+    return request
+
+
+def body_of(response: HttpResponseBase) -> bytes:
+    if isinstance(response, StreamingHttpResponse):
+        return b"".join(response.streaming_content)  # type: ignore[arg-type]
+    assert isinstance(response, HttpResponse)
+    return response.content
+
+
+def test_the_middleware_is_sync_or_async_as_django_calls_it() -> None:
+    def sync_view(request: HttpRequest) -> HttpResponse:
+        return HttpResponse()
+
+    async def async_view(request: HttpRequest) -> HttpResponse:
+        return HttpResponse()
+
+    assert IdempotencyMiddleware.sync_capable
+    assert IdempotencyMiddleware.async_capable
+    assert not iscoroutinefunction(IdempotencyMiddleware(sync_view))
+    assert iscoroutinefunction(IdempotencyMiddleware(async_view))
+    assert iscoroutinefunction(idempotent()(async_view))
+    assert not iscoroutinefunction(idempotent()(sync_view))
+
+
+def test_unknown_settings_are_refused() -> None:
+    with (
+        override_settings(ONCEONLY_IDEMPOTENCY={"requierd": True}),
+        pytest.raises(ConfigurationError, match="requierd"),
+    ):
+        IdempotencyMiddleware(lambda request: HttpResponse())
+
+
+def test_without_request_user_the_error_says_where_the_middleware_goes() -> None:
+    @idempotent(store=MemoryStore())
+    def view(request: HttpRequest) -> HttpResponse:
+        return HttpResponse()
+
+    request = RequestFactory().post("/orders", data=b"{}", content_type="text/plain", headers=KEY)
+    with pytest.raises(ConfigurationError, match=r"after .*AuthenticationMiddleware"):
+        view(request)
+
+
+def test_users_get_their_own_answers_and_an_outage_fails_closed() -> None:
+    store = MemoryStore()
+    runs = 0
+
+    @idempotent(store=store)
+    def view(request: HttpRequest) -> HttpResponse:
+        nonlocal runs
+        runs += 1
+        return HttpResponse(f"order {runs}", status=201, content_type="text/plain")
+
+    first, again, other = view(post(1)), view(post(1)), view(post(2))
+    reused = view(post(1, b'{"other": 1}'))
+    store.unavailable = True
+    down = view(post(1, key="k-2"))
+    assert (first.content, again.content, other.content) == (b"order 1", b"order 1", b"order 2")
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.headers["Content-Type"] == "text/plain"
+    assert "Idempotent-Replayed" not in other.headers
+    assert reused.status_code == 422
+    assert (down.status_code, down.headers["Retry-After"]) == (503, "5")
+    assert down.headers["Content-Type"] == "application/problem+json"
+    assert runs == 2
+
+
+async def test_async_views_scope_by_the_user_django_loads_off_the_loop() -> None:
+    runs = 0
+
+    @idempotent(store=MemoryStore())
+    async def view(request: HttpRequest) -> HttpResponse:
+        nonlocal runs
+        runs += 1
+        return HttpResponse(f"order {runs}", status=201)
+
+    first, again, other = await view(post(1)), await view(post(1)), await view(post(2))
+    anonymous = await view(post(None))
+    assert (first.content, again.content, other.content) == (b"order 1", b"order 1", b"order 2")
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert anonymous.status_code == 400  # no user, no Authorization: nobody to scope it to
+    assert runs == 2
+
+
+def test_bodies_over_the_limit_are_refused_before_they_are_read() -> None:
+    runs = 0
+
+    @idempotent(store=MemoryStore(), max_request_bytes=10)
+    def view(request: HttpRequest) -> HttpResponse:
+        nonlocal runs
+        runs += 1
+        return HttpResponse()
+
+    class Unreadable:
+        def read(self, *args: Any) -> bytes:
+            raise AssertionError("the body of a refused request was read")
+
+    declared = post(1)
+    declared.META["CONTENT_LENGTH"] = "9" * 40
+    declared._stream = Unreadable()  # type: ignore[assignment]
+    sent = post(1, b"x" * 11, key="k-2")
+    for response in (view(declared), view(sent)):
+        assert response.status_code == 413
+        assert response.headers["Content-Type"] == "application/problem+json"
+    assert runs == 0
+
+
+PIECES = [bytes([65 + i]) * 50_000 for i in range(4)]  # more than one 64 KiB chunk
+
+
+def test_streamed_responses_are_replayed_whole() -> None:
+    runs = 0
+
+    @idempotent(store=MemoryStore(), inline_limit=1000)
+    def view(request: HttpRequest) -> StreamingHttpResponse:
+        nonlocal runs
+        runs += 1
+        return StreamingHttpResponse(iter(PIECES), content_type="text/csv")
+
+    first = body_of(view(post(1)))
+    again = view(post(1))
+    assert first == body_of(again) == b"".join(PIECES)
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.headers["Content-Type"] == "text/csv"
+    assert runs == 1
+
+
+async def test_async_streamed_responses_are_replayed_whole() -> None:
+    runs = 0
+
+    async def content() -> AsyncIterator[bytes]:
+        for piece in PIECES:
+            yield piece
+
+    @idempotent(store=MemoryStore(), inline_limit=1000)
+    async def view(request: HttpRequest) -> StreamingHttpResponse:
+        nonlocal runs
+        runs += 1
+        return StreamingHttpResponse(content(), content_type="text/csv")
+
+    bodies = []
+    for _ in range(2):
+        response = await view(post(1))
+        assert isinstance(response, StreamingHttpResponse)
+        assert response.is_async
+        bodies.append(b"".join([piece async for piece in response]))
+    assert bodies == [b"".join(PIECES)] * 2
+    assert response.headers["Idempotent-Replayed"] == "true"
+    assert runs == 1
+
+
+async def test_an_async_view_cancelled_mid_way_keeps_a_500() -> None:
+    """Django's ASGI handler cancels the view of a client that went away: the
+    retry must not run again what may have been half done."""
+    started = asyncio.Event()
+    runs = 0
+
+    @idempotent(store=MemoryStore())
+    async def view(request: HttpRequest) -> HttpResponse:
+        nonlocal runs
+        runs += 1
+        started.set()
+        await asyncio.sleep(3600)
+        return HttpResponse()
+
+    task = asyncio.ensure_future(view(post(1)))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(100):  # the record is written after the cancellation, not awaited
+        retry = await view(post(1))
+        if retry.status_code != 409:
+            break
+        await asyncio.sleep(0.01)
+    assert retry.status_code == 500
+    assert retry.headers["Idempotent-Replayed"] == "true"
+    assert retry.headers["Content-Type"] == "application/problem+json"
+    assert runs == 1
