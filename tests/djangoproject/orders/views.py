@@ -13,7 +13,7 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from django.contrib.auth import authenticate, login
@@ -25,6 +25,7 @@ from django.views.decorators.csrf import csrf_exempt
 from onceonly.contrib.django.idempotency import idempotent
 
 REPORT_LINES = 3 * 1024  # 3 MiB in 1 KiB pieces
+TRICKLE = 10  # pieces, 50 ms apart
 
 
 def count(name: str) -> int:
@@ -93,6 +94,18 @@ def report(request: HttpRequest) -> StreamingHttpResponse:
 
 
 @csrf_exempt
+def trickle(request: HttpRequest) -> StreamingHttpResponse:
+    count("trickle")
+
+    def pieces() -> Iterator[bytes]:
+        for i in range(TRICKLE):
+            time.sleep(0.05)
+            yield _line(i)
+
+    return StreamingHttpResponse(pieces(), content_type="text/plain")
+
+
+@csrf_exempt
 def whoami(request: HttpRequest) -> HttpResponse:
     """An order placed by the logged-in user (or an anonymous client)."""
     number = count("whoami")
@@ -135,6 +148,18 @@ async def areport(request: HttpRequest) -> StreamingHttpResponse:
             yield _line(i)
 
     return StreamingHttpResponse(lines(), content_type="text/plain")
+
+
+@csrf_exempt
+async def atrickle(request: HttpRequest) -> StreamingHttpResponse:
+    count("trickle")
+
+    async def pieces() -> AsyncIterator[bytes]:
+        for i in range(TRICKLE):
+            await asyncio.sleep(0.05)
+            yield _line(i)
+
+    return StreamingHttpResponse(pieces(), content_type="text/plain")
 
 
 @csrf_exempt

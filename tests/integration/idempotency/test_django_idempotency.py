@@ -223,6 +223,35 @@ async def test_malformed_keys_are_400(
     )
 
 
+async def test_a_client_that_goes_away_mid_response(server: str, shop: RemoteShop) -> None:
+    """Under WSGI, the server stops reading the view's stream: the relay reads
+    it to its end and records it (the shared test). Under ASGI, Django cancels
+    the stream: what was sent cannot be replayed whole, and a 500 is kept,
+    not a second run."""
+    if server.endswith("/sync"):
+        await shared.test_a_client_that_goes_away_mid_response_leaves_its_key_answered(
+            server, cast(shared.Shop, shop)
+        )
+        return
+    async with (
+        httpx.AsyncClient(base_url=server, timeout=10) as client,
+        client.stream("POST", "/trickle", json={}, headers=key("gone")) as first,
+    ):
+        assert first.status_code == 200
+        async for _ in first.aiter_raw():
+            break
+    deadline = time.monotonic() + 5
+    async with httpx.AsyncClient(base_url=server, timeout=10) as client:
+        while True:
+            again = await client.post("/trickle", json={}, headers=key("gone"))
+            if again.status_code != 409 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+    assert again.status_code == 500
+    assert again.headers["idempotent-replayed"] == "true"
+    assert shop.runs["trickle"] == 1
+
+
 async def test_keys_are_scoped_by_the_logged_in_user(site: Site, shop: RemoteShop) -> None:
     """Two users logged in through Django's auth send the same key: each gets
     their own answer; the same user gets the replay. Anonymous, with no

@@ -39,6 +39,7 @@ from collections.abc import (
     Callable,
     Collection,
     Coroutine,
+    Generator,
     Iterable,
     Iterator,
     Mapping,
@@ -341,8 +342,7 @@ class _Front:
             # An async iterator under WSGI: Django itself consumes it on a loop
             # of its own; the relay follows it there.
             return _relay_async(response, recorder, _on_background)
-        source = iter(cast(Iterable[bytes], response.streaming_content))
-        _set_stream(response, _relay(recorder, source))
+        _set_stream(response, recorder)
         return response
 
     @property
@@ -430,18 +430,29 @@ def _detach(work: Coroutine[Any, Any, None]) -> None:
 # recorder; the last one waits for the record (as under ASGI and WSGI).
 
 
-def _set_stream(response: StreamingHttpResponse, relay: Iterator[bytes]) -> None:
+class _Drain:
+    """Whether a relay, closed early, may read the view's iterator to its end."""
+
+    allowed = False
+
+
+def _set_stream(response: StreamingHttpResponse, recorder: Recorder) -> None:
+    source = iter(cast(Iterable[bytes], response.streaming_content))
+    drain = _Drain()
+    relay = _relay(recorder, source, drain)
     response.streaming_content = relay
-    # Django closes a response's resources in the order they were given: the
-    # relay must run first, so that it still reads the view's iterator to its
-    # end when the server stops early (the client went away).
+    # Django closes a response's resources in the order they were given, the
+    # view's iterator first: a relay that drained it after that would record
+    # its truncated body as whole. So the relay's close goes first; where
+    # that cannot be done (a Django without this list), a relay closed early
+    # keeps a 500 instead.
     closers = getattr(response, "_resource_closers", None)
-    close = getattr(relay, "close", None)
-    if isinstance(closers, list) and closers and close is not None and closers[-1] == close:
+    if isinstance(closers, list) and closers and closers[-1] == relay.close:
         closers.insert(0, closers.pop())
+        drain.allowed = True
 
 
-def _relay(recorder: Recorder, source: Iterator[bytes]) -> Iterator[bytes]:
+def _relay(recorder: Recorder, source: Iterator[bytes], drain: _Drain) -> Generator[bytes]:
     bridge = background_loop()
 
     def take(piece: bytes, *, more: bool) -> None:
@@ -468,15 +479,18 @@ def _relay(recorder: Recorder, source: Iterator[bytes]) -> Iterator[bytes]:
         if not finished:
             # The server stopped early (the client went away): keep what the
             # view gives, to its end; the client's retry gets it replayed.
-            try:
-                if pending is not None:
-                    take(pending, more=True)
-                for piece in source:
-                    take(bytes(piece), more=True)
-                take(b"", more=False)
-            except Exception:
-                log.exception("the view's streamed response failed; a 500 is kept for its key")
+            if not drain.allowed:
                 recorder.failed(sent=True, complete=False)
+            else:
+                try:
+                    if pending is not None:
+                        take(pending, more=True)
+                    for piece in source:
+                        take(bytes(piece), more=True)
+                    take(b"", more=False)
+                except Exception:
+                    log.exception("the view's streamed response failed; a 500 is kept for its key")
+                    recorder.failed(sent=True, complete=False)
             bridge.run(recorder.record())
         raise
     except Exception:
