@@ -229,3 +229,16 @@ async def test_an_async_view_cancelled_mid_way_keeps_a_500() -> None:
     assert retry.headers["Idempotent-Replayed"] == "true"
     assert retry.headers["Content-Type"] == "application/problem+json"
     assert runs == 1
+
+
+def test_the_projects_store_is_followed_when_the_application_is_rebuilt() -> None:
+    """Without store=, the records go where get_app() keeps them, also after
+    it was reset (settings changed; a test switched databases)."""
+    from onceonly.contrib.django import get_app, reset
+
+    middleware = IdempotencyMiddleware(lambda request: HttpResponse())
+    first = middleware.front.policy
+    assert first.store is get_app().store
+    assert middleware.front.policy is first  # built once, not per request
+    reset()
+    assert middleware.front.policy.store is get_app().store is not first.store

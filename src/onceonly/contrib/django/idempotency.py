@@ -219,20 +219,23 @@ class _Front:
     @property
     def policy(self) -> IdempotencyPolicy:
         policy = self._policy
-        if policy is None:
-            with self._lock:
-                if self._policy is None:
-                    options = dict(self.options)
-                    store: Store | None = options.pop("store", None)
-                    if store is None:
-                        from .conf import get_app
+        store: Store | None = self.options.get("store")
+        if store is None:
+            from .conf import get_app
 
-                        store = get_app().store
+            # The project's store, which changes when get_app() is reset (the
+            # settings changed, a test switched databases): a policy on the
+            # old one would keep records where nobody looks.
+            store = get_app().store
+        if policy is None or policy.store is not store:
+            with self._lock:
+                policy = self._policy
+                if policy is None or policy.store is not store:
+                    options = {k: v for k, v in self.options.items() if k != "store"}
                     # The client is asked after the key is read (see client()).
-                    self._policy = IdempotencyPolicy(
+                    policy = self._policy = IdempotencyPolicy(
                         store=store, scope=lambda headers: "request", **options
                     )
-                policy = self._policy
         return policy
 
     # The request, up to the claim.
