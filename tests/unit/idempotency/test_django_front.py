@@ -242,3 +242,16 @@ def test_the_projects_store_is_followed_when_the_application_is_rebuilt() -> Non
     assert middleware.front.policy is first  # built once, not per request
     reset()
     assert middleware.front.policy.store is get_app().store is not first.store
+
+
+def test_the_public_names_are_documented() -> None:
+    import onceonly.contrib.django.idempotency as module
+
+    assert set(module.__all__) == {
+        "IdempotencyMiddleware",
+        "RequestScope",
+        "idempotent",
+        "user_scope",
+    }
+    for name in ("IdempotencyMiddleware", "idempotent", "user_scope"):
+        assert getattr(module, name).__doc__, name
