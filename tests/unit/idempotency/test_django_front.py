@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -255,3 +256,45 @@ def test_the_public_names_are_documented() -> None:
     }
     for name in ("IdempotencyMiddleware", "idempotent", "user_scope"):
         assert getattr(module, name).__doc__, name
+
+
+class SlowStore(MemoryStore):
+    """A store whose operations take 0.3 s while `slow` is set (the claim
+    lands after that, as a commit that was already sent does)."""
+
+    slow = False
+
+    def _check(self) -> None:
+        super()._check()
+        if self.slow:
+            time.sleep(0.3)
+
+
+async def test_an_async_request_cancelled_during_its_claim_frees_the_key() -> None:
+    """Cancelled while its claim is being made: the claim still lands, and is
+    released, since the view never ran; the retry runs it, no 409 until the
+    lock runs out."""
+    store = SlowStore()
+    runs = 0
+
+    @idempotent(store=store)
+    async def view(request: HttpRequest) -> HttpResponse:
+        nonlocal runs
+        runs += 1
+        return HttpResponse(status=201)
+
+    store.slow = True
+    task = asyncio.ensure_future(view(post(1)))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    store.slow = False
+    for _ in range(100):
+        retry = await view(post(1))
+        if retry.status_code != 409:
+            break
+        await asyncio.sleep(0.01)
+    assert retry.status_code == 201
+    assert "Idempotent-Replayed" not in retry.headers
+    assert runs == 1

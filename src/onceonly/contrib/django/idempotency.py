@@ -30,6 +30,7 @@ on that loop; an async view awaits it, and itself runs on the server's loop.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import logging
 import threading
@@ -65,6 +66,7 @@ from ...idempotency.policy import (
     Problem,
     Recorder,
     Replay,
+    Run,
     too_large,
 )
 from ...wsgi import environ_headers
@@ -368,7 +370,14 @@ class _Front:
             return _problem_response(UNSCOPED)
         policy = self.policy
         ident = (client, claim.key)
-        decision = await _on_background(policy.decide(ident, claim.fingerprint))
+
+        def abandoned(decision: Run | Replay | Problem) -> None:
+            if isinstance(decision, Run):  # claimed for a request that is gone: free it
+                _detach(policy.recorder(ident, decision.fence).record())
+
+        decision = await _on_background(
+            policy.decide(ident, claim.fingerprint), abandoned=abandoned
+        )
         if isinstance(decision, Problem):
             return _problem_response(decision)
         if isinstance(decision, Replay):
@@ -419,9 +428,28 @@ def _django_answer(request: HttpRequest, exc: Exception) -> HttpResponseBase:
     return response_for_exception(request, exc)
 
 
-async def _on_background(work: Coroutine[Any, Any, T]) -> T:
-    """Await `work` run on the background loop, without blocking this loop."""
-    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, background_loop().loop))
+async def _on_background(
+    work: Coroutine[Any, Any, T], *, abandoned: Callable[[T], None] | None = None
+) -> T:
+    """Await `work` run on the background loop, without blocking this loop.
+
+    Cancelling the caller (Django's ASGI handler does, when the client goes
+    away) does not cancel `work`: a claim or a record half made would leave
+    its key in flight until its lock runs out. `abandoned` then gets what
+    `work` returns, on the background loop."""
+    future = asyncio.run_coroutine_threadsafe(work, background_loop().loop)
+    try:
+        return await asyncio.shield(asyncio.wrap_future(future))
+    except asyncio.CancelledError:
+        if abandoned is not None:
+            callback = abandoned
+
+            def done(finished: concurrent.futures.Future[T]) -> None:
+                if not finished.cancelled() and finished.exception() is None:
+                    callback(finished.result())
+
+            future.add_done_callback(done)
+        raise
 
 
 def _detach(work: Coroutine[Any, Any, None]) -> None:
