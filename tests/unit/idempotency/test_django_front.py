@@ -298,3 +298,41 @@ async def test_an_async_request_cancelled_during_its_claim_frees_the_key() -> No
     assert retry.status_code == 201
     assert "Idempotent-Replayed" not in retry.headers
     assert runs == 1
+
+
+def test_a_decorated_views_template_response_is_rendered_and_kept() -> None:
+    from django.template import engines
+    from django.template.response import TemplateResponse
+
+    template = engines["django"].from_string("order {{ number }}")
+    runs = 0
+
+    @idempotent(store=MemoryStore())
+    def view(request: HttpRequest) -> TemplateResponse:
+        nonlocal runs
+        runs += 1
+        return TemplateResponse(request, template, {"number": runs}, status=201)
+
+    first, again = view(post(1)), view(post(1))
+    assert first.content == again.content == b"order 1"
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert runs == 1
+
+
+def test_an_async_view_decorated_as_a_sync_one_is_refused_and_frees_its_key() -> None:
+    store = MemoryStore()
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        return HttpResponse()
+
+    @idempotent(store=store)
+    def dispatch(request: HttpRequest) -> Any:
+        return handler(request)  # what an async class-based view's dispatch returns
+
+    @idempotent(store=store)
+    def fixed(request: HttpRequest) -> HttpResponse:
+        return HttpResponse(status=201)
+
+    with pytest.raises(ConfigurationError, match='name="post"'):
+        dispatch(post(1))
+    assert fixed(post(1)).status_code == 201  # the key was released, not left in flight

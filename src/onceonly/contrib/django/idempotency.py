@@ -46,12 +46,13 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeGuard, TypeVar, cast
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.template.response import SimpleTemplateResponse
 from django.utils.module_loading import import_string
 
 from ..._exceptions import ConfigurationError
@@ -319,6 +320,17 @@ class _Front:
         recorder = policy.recorder(ident, decision.fence)
         try:
             response = view()
+            if asyncio.iscoroutine(response):
+                response.close()
+                raise ConfigurationError(
+                    "a sync view returned a coroutine (an async class-based view decorated "
+                    'on dispatch): decorate its handler, method_decorator(..., name="post")'
+                )
+            if _unrendered(response):
+                response = response.render()
+        except ConfigurationError:
+            bridge.run(recorder.record())  # nothing was answered: the key is free again
+            raise
         except Exception as exc:
             # Only a decorated view raises here (Django turns exceptions into
             # responses between middleware): its 500 page is what is kept.
@@ -386,6 +398,8 @@ class _Front:
         recorder = policy.recorder(ident, decision.fence)
         try:
             response = await view()
+            if _unrendered(response):
+                response = await sync_to_async(response.render)()
         except asyncio.CancelledError:
             # Django's ASGI handler cancels the view when the client goes
             # away: it may have done part of its work, so the retry gets a
@@ -411,6 +425,12 @@ class _Front:
             seq += len(chunks)
             if len(chunks) < 16:
                 return
+
+
+def _unrendered(response: HttpResponseBase) -> TypeGuard[SimpleTemplateResponse]:
+    """A TemplateResponse from a decorated view, which Django renders only
+    after the view returns: its content is what is stored."""
+    return isinstance(response, SimpleTemplateResponse) and not response.is_rendered
 
 
 def _keep_problem(recorder: Recorder, problem: Problem | None) -> None:
