@@ -6,7 +6,10 @@ project (tests/djangoproject, its ``orders`` views) with
 sync views under a real gunicorn (two worker processes, threads), async
 views under uvicorn. A server and its database serve a whole module (one per
 engine and front end: the shared tests use distinct keys); each test counts
-its own runs.
+its own runs. Then what is Django's own: keys scoped by the user logged in
+through Django's auth, the decorator on a project without the middleware
+(a class-based view, an async view, Django's 500 page kept), a client that
+goes away mid-stream.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ import django_support
 from conftest import POSTGRES
 from support import ENGINES, free_port
 
+# The shared tests, collected again in this module: with its fixtures
+# (server, shop, database_url), they run against the Django project.
 __all__ = [
     "test_50_concurrent_requests_with_one_key_run_the_endpoint_once",
     "test_a_500_is_stored_and_replayed_not_run_again",
