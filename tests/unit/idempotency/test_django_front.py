@@ -336,3 +336,21 @@ def test_an_async_view_decorated_as_a_sync_one_is_refused_and_frees_its_key() ->
     with pytest.raises(ConfigurationError, match='name="post"'):
         dispatch(post(1))
     assert fixed(post(1)).status_code == 201  # the key was released, not left in flight
+
+
+def test_a_stream_closed_before_it_was_read_is_still_recorded_whole() -> None:
+    """The server gave up before sending the body (the client went away): the
+    view's answer is recorded to its end, and the retry gets it replayed."""
+    runs = 0
+
+    @idempotent(store=MemoryStore(), inline_limit=1000)
+    def view(request: HttpRequest) -> StreamingHttpResponse:
+        nonlocal runs
+        runs += 1
+        return StreamingHttpResponse(iter(PIECES), content_type="text/csv")
+
+    view(post(1)).close()
+    again = view(post(1))
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert body_of(again) == b"".join(PIECES)
+    assert runs == 1

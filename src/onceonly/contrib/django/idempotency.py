@@ -487,18 +487,43 @@ class _Drain:
     allowed = False
 
 
+class _Stream:
+    """The relay as the response's content: closed before it was ever read
+    (the server gave up before the body), it still reads the view's answer
+    and records it, as when it is closed part-way."""
+
+    def __init__(self, relay: Generator[bytes], drain: _Drain) -> None:
+        self.relay = relay
+        self.drain = drain
+        self.started = False
+
+    def __iter__(self) -> _Stream:
+        return self
+
+    def __next__(self) -> bytes:
+        self.started = True
+        return next(self.relay)
+
+    def close(self) -> None:
+        if not self.started and self.drain.allowed:
+            self.started = True
+            for _ in self.relay:
+                pass
+        self.relay.close()
+
+
 def _set_stream(response: StreamingHttpResponse, recorder: Recorder) -> None:
     source = iter(cast(Iterable[bytes], response.streaming_content))
     drain = _Drain()
-    relay = _relay(recorder, source, drain)
-    response.streaming_content = relay
+    stream = _Stream(_relay(recorder, source, drain), drain)
+    response.streaming_content = stream
     # Django closes a response's resources in the order they were given, the
     # view's iterator first: a relay that drained it after that would record
     # its truncated body as whole. So the relay's close goes first; where
     # that cannot be done (a Django without this list), a relay closed early
     # keeps a 500 instead.
     closers = getattr(response, "_resource_closers", None)
-    if isinstance(closers, list) and closers and closers[-1] == relay.close:
+    if isinstance(closers, list) and closers and closers[-1] == stream.close:
         closers.insert(0, closers.pop())
         drain.allowed = True
 
