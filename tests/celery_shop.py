@@ -30,7 +30,13 @@ VISIBILITY_TIMEOUT = 2
 app = Celery("celery_shop", broker=BROKER, backend=BROKER)
 app.conf.update(
     task_default_queue=os.environ.get("SHOP_QUEUE", "celery"),
-    broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT},
+    # kombu looks for such messages every interval x throttle seconds (100 by
+    # default): every second here.
+    broker_transport_options={
+        "visibility_timeout": VISIBILITY_TIMEOUT,
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    },
     result_backend_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT},
     worker_prefetch_multiplier=1,
     broker_connection_retry_on_startup=True,

@@ -26,6 +26,12 @@ adds what a webhook handler has (G3, G4):
 
     tasks.run(f"charge:{order_id}", lambda ctx: charge(ctx, order_id))
 
+The transaction begins when the task first touches ``ctx.connection`` or
+``ctx.session`` (or, if it never does, just for the mark), so the calls made
+before the writes hold no transaction open: on SQLite, whose one write lock
+that transaction takes, other tasks run meanwhile; a task holding the lock
+makes another wait (``busy_timeout``), then retry.
+
 While another live worker runs the key, :meth:`KeyedTasks.run` raises
 :class:`~onceonly.JobInProgress`: the queue must retry the task later (the
 Celery adapter, :mod:`onceonly.contrib.celery`, does), not drop it, since the
@@ -43,6 +49,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -77,10 +84,17 @@ class TaskContext:
 
     #: The task's key (what makes two calls the same work).
     key: str
-    #: The connection of the transaction that marks the key done.
-    connection: sa.Connection
+    _begin: Callable[[], sa.Connection] = field(repr=False)
     _tasks: KeyedTasks = field(repr=False)
     _session: Session | None = field(default=None, repr=False)
+
+    @property
+    def connection(self) -> sa.Connection:
+        """The connection of the transaction that marks the key done.
+
+        The transaction begins on first use, so the calls a task makes before
+        its writes hold no transaction open (on SQLite, no write lock)."""
+        return self._begin()
 
     @property
     def session(self) -> Session:
@@ -199,13 +213,23 @@ class KeyedTasks:
         return result
 
     def _run_held(self, held: Held, fn: Callable[[TaskContext], T], ttl: float | None) -> T:
-        with transaction(self.guard.engine, "running a keyed task") as conn:
-            ctx = TaskContext(key=held.key, connection=conn, _tasks=self)
+        with ExitStack() as stack:
+            opened: list[sa.Connection] = []
+
+            def begin() -> sa.Connection:
+                if not opened:
+                    what = "running a keyed task"
+                    opened.append(stack.enter_context(transaction(self.guard.engine, what)))
+                return opened[0]
+
+            ctx = TaskContext(key=held.key, _begin=begin, _tasks=self)
             try:
                 result = fn(ctx)
                 ctx._finish()
             finally:
                 ctx._close()
+            # What the task raised rolls this transaction back (the stack's exit).
+            conn = begin()
             try:
                 recorded: str | None = json.dumps(result)
             except (TypeError, ValueError):

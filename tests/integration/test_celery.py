@@ -98,9 +98,11 @@ def test_a_task_write_commits_with_its_done_mark_and_a_failure_leaves_neither(
 def test_a_key_running_elsewhere_is_retried_until_the_holder_ends_not_skipped(
     shop: Shop,
 ) -> None:
-    (shop.hooks / "hold-written-3").touch()
+    # Held after its charge, before its transaction: the key's lease, renewed
+    # while the holder lives, is all that stops the second delivery.
+    (shop.hooks / "hold-charged-3").touch()
     holder = shop.queue.send("charge", 3, 700)
-    wait_file(shop.hooks / "reached-written-3", RESULT_TIMEOUT, [shop.worker])
+    wait_file(shop.hooks / "reached-charged-3", RESULT_TIMEOUT, [shop.worker])
     waiter = shop.queue.send("charge", 3, 700)
     deadline = time.monotonic() + RESULT_TIMEOUT
     while waiter.state != "RETRY":
@@ -109,8 +111,9 @@ def test_a_key_running_elsewhere_is_retried_until_the_holder_ends_not_skipped(
     # Retrying is not finishing: nothing was recorded for it meanwhile.
     assert shop.payments(3) == []
     assert not waiter.ready()
+    assert "retry: Retry in 0.3s: JobInProgress" in shop.worker.output()
 
-    (shop.hooks / "hold-written-3").unlink()
+    (shop.hooks / "hold-charged-3").unlink()
     assert holder.get(timeout=RESULT_TIMEOUT) == "ch_1"
     assert waiter.get(timeout=RESULT_TIMEOUT) == "ch_1"
     assert shop.card.calls() == {task_effect_key("charge:3", "charge"): 1}
