@@ -113,7 +113,9 @@ class CardApi:
         self.server.server_close()
 
 
-def shop_env(database_url: str, queue: Queue, card: CardApi, hooks: Path, lease: float) -> dict[str, str]:
+def shop_env(
+    database_url: str, queue: Queue, card: CardApi, hooks: Path, lease: float
+) -> dict[str, str]:
     if database_url.startswith("sqlite:"):
         # A task holds SQLite's write lock until it commits: a second task
         # meanwhile waits this long, then retries (the default is 5 s).

@@ -44,7 +44,10 @@ def test_a_worker_killed_after_the_charge_neither_charges_nor_writes_twice(
         unrecorded = queue.send("charge", 11, 2500)
         wait_file(hooks / "reached-charged-10", TIMEOUT, [first])
         wait_file(hooks / "reached-call-11", TIMEOUT, [first])
-        key10, key11 = task_effect_key("charge:10", "charge"), task_effect_key("charge:11", "charge")
+        key10, key11 = (
+            task_effect_key("charge:10", "charge"),
+            task_effect_key("charge:11", "charge"),
+        )
         assert card.calls() == {key10: 1, key11: 1}
 
         first.process.send_signal(signal.SIGKILL)

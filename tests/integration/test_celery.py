@@ -43,9 +43,7 @@ class Shop:
 
 
 @pytest.fixture
-def shop(
-    redis_url: str, database_url: str, tmp_path: Path, procs: list[Proc]
-) -> Iterator[Shop]:
+def shop(redis_url: str, database_url: str, tmp_path: Path, procs: list[Proc]) -> Iterator[Shop]:
     db = sa.create_engine(database_url)
     with db.begin() as conn:
         conn.exec_driver_sql(celery_shop.PAYMENTS)

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 from celery import Celery, Task
 
@@ -117,6 +117,7 @@ class OnceTasks:
         options.setdefault("acks_late", True)
         options.setdefault("reject_on_worker_lost", True)
         options.setdefault("max_retries", None)
+        options["bind"] = True
 
         def decorate(fn: Callable[Concatenate[TaskContext, P], R]) -> Task[P, R]:
             def run(task: Task[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
@@ -133,6 +134,7 @@ class OnceTasks:
             # Celery checks a call's arguments against this (``typing``): the
             # task's first parameter is ``ctx`` where Celery expects ``self``.
             run.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
-            return self.app.task(bind=True, **options)(run)  # type: ignore[no-any-return]
+            declare = cast(Callable[[Callable[..., R]], "Task[P, R]"], self.app.task(**options))
+            return declare(run)
 
         return decorate
