@@ -1,12 +1,13 @@
 """A Celery worker SIGKILLed mid-task does not act twice: a real ``celery
 worker`` (``acks_late``) on Redis, a loopback card API, both engines.
 
-Two tasks are held by the test inside the killed worker: one after its charge
-was recorded, before its database write; one after the card API charged and
-before the ledger recorded it (the window only an idempotency key closes).
-The broker gives both messages back after its visibility timeout, a new worker
-runs them once their lease ran out, and then: the first was charged once, the
-second at most twice with the same key, and each has exactly one payment row.
+Three tasks are held by the test inside the killed worker: one after its
+charge was recorded, before its database write; one after the card API charged
+and before the ledger recorded it (the window only an idempotency key closes);
+one after its write, before its commit. The broker gives the messages back
+after its visibility timeout, a new worker runs them once their lease ran out,
+and then: the first and third were charged once, the second at most twice with
+the same key, and each has exactly one payment row.
 """
 
 from __future__ import annotations
@@ -37,40 +38,41 @@ def test_a_worker_killed_after_the_charge_neither_charges_nor_writes_twice(
     hooks.mkdir()
     env = shop_env(database_url, queue, card, hooks, lease=LEASE)
     try:
-        first = start_celery_worker(procs, "celery-first", env, tmp_path)
+        first = start_celery_worker(procs, "celery-first", env, tmp_path, concurrency=3)
         (hooks / "hold-charged-10").touch()
         (hooks / "hold-call-11").touch()
+        (hooks / "hold-written-12").touch()
         recorded = queue.send("charge", 10, 1990)
         unrecorded = queue.send("charge", 11, 2500)
-        wait_file(hooks / "reached-charged-10", TIMEOUT, [first])
-        wait_file(hooks / "reached-call-11", TIMEOUT, [first])
-        key10, key11 = (
-            task_effect_key("charge:10", "charge"),
-            task_effect_key("charge:11", "charge"),
-        )
-        assert card.calls() == {key10: 1, key11: 1}
+        uncommitted = queue.send("charge", 12, 990)
+        for reached in ("charged-10", "call-11", "written-12"):
+            wait_file(hooks / f"reached-{reached}", TIMEOUT, [first])
+        key10, key11, key12 = (task_effect_key(f"charge:{n}", "charge") for n in (10, 11, 12))
+        assert card.calls() == {key10: 1, key11: 1, key12: 1}
 
         first.process.send_signal(signal.SIGKILL)
         first.process.wait(10)
         killed_at = time.monotonic()
+        # Order 12's write died with its transaction; no key is done.
+        assert rows(db, "SELECT order_id FROM shop_payments") == []
+        assert rows(db, "SELECT DISTINCT status FROM onceonly_jobs") == [("running",)]
         for hold in hooks.glob("hold-*"):
             hold.unlink()
         second = start_celery_worker(procs, "celery-second", env, tmp_path)
 
-        charge10 = recorded.get(timeout=TIMEOUT)
-        charge11 = unrecorded.get(timeout=TIMEOUT)
+        charges = [r.get(timeout=TIMEOUT) for r in (recorded, unrecorded, uncommitted)]
         recovered = time.monotonic() - killed_at
 
         calls = card.calls()
         # Recorded before the kill: not called again.
-        assert calls[key10] == 1
+        assert calls[key10] == calls[key12] == 1
         # Called, not recorded: called again, with the same key only.
         assert calls[key11] in (1, 2)
-        assert set(calls) == {key10, key11}
+        assert set(calls) == {key10, key11, key12}
         paid = rows(db, "SELECT order_id, charge FROM shop_payments ORDER BY order_id")
-        assert paid == [(10, charge10), (11, charge11)]
+        assert paid == list(zip((10, 11, 12), charges, strict=True))
         done = rows(db, "SELECT key, status FROM onceonly_jobs ORDER BY key")
-        assert done == [("charge:10", "done"), ("charge:11", "done")]
+        assert done == [(f"charge:{n}", "done") for n in (10, 11, 12)]
         assert second.alive(), second.output()[-3000:]
         print(f"\ncelery crash: recovered {recovered:.1f} s after the kill; calls {dict(calls)}")
     finally:
