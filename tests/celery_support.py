@@ -64,8 +64,8 @@ class Queue:
         client = Celery("celery-tests", broker=broker, backend=broker)
         return cls(broker, f"onceonly-test-{uuid.uuid4().hex[:12]}", client)
 
-    def send(self, task: str, *args: Any) -> AsyncResult[Any]:
-        return self.client.send_task(f"celery_shop.{task}", args=args, queue=self.name)
+    def send(self, task: str, *args: Any, module: str = "celery_shop") -> AsyncResult[Any]:
+        return self.client.send_task(f"{module}.{task}", args=args, queue=self.name)
 
     def close(self) -> None:
         self.client.close()
@@ -133,12 +133,19 @@ def shop_env(
 
 
 def start_celery_worker(
-    procs: list[Proc], name: str, env: dict[str, str], cwd: Path, concurrency: int = 2
+    procs: list[Proc],
+    name: str,
+    env: dict[str, str],
+    cwd: Path,
+    concurrency: int = 2,
+    app: str = "celery_shop",
+    queue: str | None = None,
 ) -> Proc:
-    """``celery worker`` on the test's queue, its threads pool `concurrency` wide;
-    returns once it consumes."""
+    """``celery worker`` of `app` (on `queue`, or the app's default), its
+    threads pool `concurrency` wide; returns once it consumes."""
     log = cwd / f"{name}.log"
-    args = [sys.executable, "-m", "celery", "-A", "celery_shop", "worker", "--pool", "threads"]
+    args = [sys.executable, "-m", "celery", "-A", app, "worker", "--pool", "threads"]
+    args += ["-Q", queue] if queue else []
     args += ["--concurrency", str(concurrency), "--loglevel", "info", "--without-heartbeat"]
     args += ["--without-gossip", "--without-mingle", "-n", f"{name}@%h"]
     with log.open("wb") as out:
