@@ -98,7 +98,7 @@ class TaskContext:
 
     @property
     def session(self) -> Session:
-        """An ORM session on this transaction; flushed before the key is marked."""
+        """An ORM session on this transaction; written before the key is marked."""
         if self._session is None:
             self._session = Session(
                 bind=self.connection,
@@ -131,13 +131,14 @@ class TaskContext:
             ) from exc
         # Its own transaction, on another connection (another file on SQLite):
         # durable before the task goes on, and survives a rollback of the task's.
-        tasks.prepare()
         tasks.records.record(tasks.effects_engine, self.key, name, key, serialised)
         return outcome
 
     def _finish(self) -> None:
         if self._session is not None:
-            self._session.flush()
+            # Releases the session's SAVEPOINT into the task's transaction,
+            # which the mark then commits; closing it first would roll it back.
+            self._session.commit()
 
     def _close(self) -> None:
         if self._session is not None:

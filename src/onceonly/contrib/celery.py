@@ -37,6 +37,7 @@ Celery's side of it, set by default on every task declared here:
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Callable
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
@@ -74,13 +75,16 @@ class OnceTasks:
         self.app = app
         self._guard = guard
         self._tasks: KeyedTasks | None = None
+        self._lock = threading.Lock()
         self.retry_countdown = retry_countdown
 
     @property
     def tasks(self) -> KeyedTasks:
         """The keyed-task runner, made on first use (after Celery forked its pool)."""
         if self._tasks is None:
-            self._tasks = KeyedTasks(self._make_guard())
+            with self._lock:  # a threads pool's first tasks start together
+                if self._tasks is None:
+                    self._tasks = KeyedTasks(self._make_guard())
         return self._tasks
 
     def _make_guard(self) -> Guard:
