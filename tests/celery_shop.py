@@ -6,7 +6,7 @@ URL, also the result backend), ``SHOP_QUEUE`` (a queue of the test's own),
 ``SHOP_LEASE`` (the guard's lease, short so a killed worker's key is taken over
 within seconds) and ``SHOP_HOOKS``, a directory where the test holds a task at
 a point of its choosing: while ``hold-<point>-<order>`` exists there, the task
-writes ``reached-<point>-<order>`` and waits.
+writes its pid to ``reached-<point>-<order>`` and waits.
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ def hold(point: str, order_id: int) -> None:
         return
     flag = Path(hooks, f"hold-{point}-{order_id}")
     if flag.exists():
-        Path(hooks, f"reached-{point}-{order_id}").touch()
+        # Which process holds it: a prefork pool's child, not the worker itself.
+        Path(hooks, f"reached-{point}-{order_id}").write_text(str(os.getpid()))
     while flag.exists():
         time.sleep(0.02)
 

@@ -140,11 +140,12 @@ def start_celery_worker(
     concurrency: int = 2,
     app: str = "celery_shop",
     queue: str | None = None,
+    pool: str = "threads",
 ) -> Proc:
     """``celery worker`` of `app` (on `queue`, or the app's default), its
-    threads pool `concurrency` wide; returns once it consumes."""
+    `pool` `concurrency` wide; returns once it consumes."""
     log = cwd / f"{name}.log"
-    args = [sys.executable, "-m", "celery", "-A", app, "worker", "--pool", "threads"]
+    args = [sys.executable, "-m", "celery", "-A", app, "worker", "--pool", pool]
     args += ["-Q", queue] if queue else []
     args += ["--concurrency", str(concurrency), "--loglevel", "info", "--without-heartbeat"]
     args += ["--without-gossip", "--without-mingle", "-n", f"{name}@%h"]

@@ -12,6 +12,7 @@ the same key, and each has exactly one payment row.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -75,6 +76,45 @@ def test_a_worker_killed_after_the_charge_neither_charges_nor_writes_twice(
         assert done == [(f"charge:{n}", "done") for n in (10, 11, 12)]
         assert second.alive(), second.output()[-3000:]
         print(f"\ncelery crash: recovered {recovered:.1f} s after the kill; calls {dict(calls)}")
+    finally:
+        queue.close()
+        card.close()
+        db.dispose()
+
+
+def test_a_pool_child_killed_mid_task_is_given_back_and_acts_once(
+    redis_url: str, database_url: str, tmp_path: Path, procs: list[Proc]
+) -> None:
+    """A prefork child SIGKILLed after the charge: its parent gives the message
+    back (``reject_on_worker_lost``), another child waits out the dead one's
+    lease and finishes the task without charging again."""
+    db = sa.create_engine(database_url)
+    with db.begin() as conn:
+        conn.exec_driver_sql(celery_shop.PAYMENTS)
+    queue, card = Queue.new(), CardApi()
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    env = shop_env(database_url, queue, card, hooks, lease=LEASE)
+    try:
+        worker = start_celery_worker(
+            procs, "celery-prefork", env, tmp_path, concurrency=1, pool="prefork"
+        )
+        (hooks / "hold-charged-20").touch()
+        sent = queue.send("charge", 20, 4990)
+        reached = hooks / "reached-charged-20"
+        wait_file(reached, TIMEOUT, [worker])
+        while not reached.read_text():
+            time.sleep(0.01)
+        child = int(reached.read_text())
+        assert child != worker.pid
+        os.kill(child, signal.SIGKILL)
+        (hooks / "hold-charged-20").unlink()
+
+        charge = sent.get(timeout=TIMEOUT)
+        assert card.calls() == {task_effect_key("charge:20", "charge"): 1}
+        assert rows(db, "SELECT order_id, charge FROM shop_payments") == [(20, charge)]
+        assert worker.alive()
+        assert "WorkerLostError" in worker.output()
     finally:
         queue.close()
         card.close()
