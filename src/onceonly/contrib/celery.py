@@ -46,8 +46,9 @@ from celery import Celery, Task
 from .._exceptions import JobInProgress, StoreUnavailable
 from ..guard import Guard
 from ..tasks import KeyedTasks, TaskContext, names_of
+from .celery_events import EventOutlet
 
-__all__ = ["OnceTasks", "TaskContext"]
+__all__ = ["EventOutlet", "OnceTasks", "TaskContext"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
