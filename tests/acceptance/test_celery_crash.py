@@ -24,7 +24,7 @@ from celery_support import CardApi, Queue, shop_env, start_celery_worker, wait_f
 from onceonly.tasks import task_effect_key
 from processes import Proc, rows
 
-LEASE = 2.0
+LEASE = 1.0
 TIMEOUT = 60
 
 
