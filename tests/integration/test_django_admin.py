@@ -292,6 +292,10 @@ def test_manage_py_replay_and_purge_print_what_the_cli_prints(shop: Shop) -> Non
     assert report["payloads_dropped"] == 0
     with pytest.raises(CommandError, match="not a duration"):
         call_command("onceonly_purge", "--older-than", "3x")
+    # The command line's own refusal, on one line, with its exit status.
+    with pytest.raises(CommandError, match=r"--keep-ids \(2:00:00\) is shorter than") as refused:
+        call_command("onceonly_purge", "--older-than", "1d", "--keep-ids", "2h")
+    assert refused.value.returncode == 2
 
 
 def _manage(*args: str, tmp: Any) -> subprocess.CompletedProcess[str]:

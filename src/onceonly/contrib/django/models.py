@@ -28,7 +28,7 @@ from django.db import models
 
 from ...events import EventStatus
 
-__all__ = ["Attempt", "Event"]
+__all__ = ["REPLAY_PERMISSION", "Attempt", "Event"]
 
 #: The admin's replay action, given to users or groups like any permission.
 REPLAY_PERMISSION = "replay_event"

@@ -46,8 +46,10 @@ def run(command: BaseCommand, body: Callable[[], None]) -> None:
         command.stdout.write(out.getvalue(), ending="")
     if status:
         # Django prints the message to stderr ("CommandError: ...") and exits
-        # with the command line's status.
-        raise CommandError(err.getvalue().strip() or f"failed (status {status})", returncode=status)
+        # with the command line's status. The console wrapped it to its width:
+        # one line again.
+        message = " ".join(line.strip() for line in err.getvalue().splitlines() if line.strip())
+        raise CommandError(message or f"failed (status {status})", returncode=status)
     command.stderr.write(err.getvalue(), ending="")
 
 
