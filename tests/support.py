@@ -207,3 +207,32 @@ class Server:
             self.process.send_signal(sig)
         out, _ = self.process.communicate(timeout=20)
         return out
+
+
+@contextlib.contextmanager
+def live_wsgi_server(app: Any, *, threads: int = 32) -> Iterator[str]:
+    """Serve a WSGI app with waitress (a threaded production server) on a
+    loopback port, in a thread of this process."""
+    from waitress import wasyncore
+    from waitress.server import create_server
+
+    server = create_server(app, host="127.0.0.1", port=0, threads=threads)
+    port = server.effective_port  # type: ignore[union-attr]
+    stop = threading.Event()
+
+    def run() -> None:
+        # waitress's own run() loops until its sockets close, and closing
+        # them from another thread breaks its select(): poll here instead,
+        # and close everything on this thread.
+        while not stop.is_set():
+            wasyncore.loop(timeout=0.02, map=server._map, count=1)  # type: ignore[union-attr]
+        wasyncore.close_all(server._map)  # type: ignore[union-attr]
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop.set()
+        thread.join(10)
+        server.task_dispatcher.shutdown()

@@ -14,6 +14,7 @@ __all__ = [
     "Scope",
     "Send",
     "lower_headers",
+    "problem_body",
     "read_body",
     "send_problem",
     "send_response",
@@ -100,7 +101,13 @@ async def send_problem(
     extra: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
     """An RFC 9457 problem document; `reason` names its type."""
-    body = json.dumps(
+    body = problem_body(status, reason, title, detail)
+    await send_response(send, status, body, [_PROBLEM, *(extra or [])])
+
+
+def problem_body(status: int, reason: str, title: str, detail: str) -> bytes:
+    """The JSON of an RFC 9457 problem document (``application/problem+json``)."""
+    return json.dumps(
         {
             "type": f"urn:onceonly:problem:{reason}",
             "title": title,
@@ -108,4 +115,3 @@ async def send_problem(
             "detail": detail,
         }
     ).encode()
-    await send_response(send, status, body, [_PROBLEM, *(extra or [])])

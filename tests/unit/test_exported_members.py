@@ -64,9 +64,11 @@ ONCEONLY = {
 IDEMPOTENCY = {
     "DEFAULT_RELEASE_STATUSES",
     "ClientScope",
+    "EnvironScope",
     "IdempotencyMiddleware",
     "InvalidKey",
     "StoredResponse",
+    "WSGIIdempotencyMiddleware",
     "by_header",
     "fingerprint",
     "parse_key",

@@ -1,14 +1,21 @@
-"""Idempotency-Key middleware over real HTTP, on a real SQLite file and PostgreSQL."""
+"""Idempotency-Key middleware over real HTTP, on a real SQLite file and PostgreSQL.
+
+The conformance tests (those taking `frontend`) run twice: against the ASGI
+middleware around a Starlette app on uvicorn, and against the WSGI middleware
+around the same shop as a Flask app on waitress (a threaded WSGI server).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import flask
 import httpx
 import pytest
 from starlette.applications import Starlette
@@ -17,9 +24,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from onceonly import create_store
-from onceonly.idempotency import IdempotencyMiddleware, by_header
+from onceonly._threads import background_loop
+from onceonly.idempotency import IdempotencyMiddleware, WSGIIdempotencyMiddleware, by_header
 from onceonly.idempotency.records import Completion, KeyClaim, StoredResponse
-from support import live_server
+from support import live_server, live_wsgi_server
+
+REPORT_LINES = 3 * 1024  # 3 MiB in 1 KiB pieces
+TRICKLE = 10  # pieces, 50 ms apart
 
 
 class Shop:
@@ -28,15 +39,21 @@ class Shop:
     def __init__(self) -> None:
         self.orders: list[dict[str, Any]] = []
         self.runs: dict[str, int] = {}
+        self._lock = threading.Lock()  # the WSGI server runs views on many threads
 
     def count(self, name: str) -> None:
-        self.runs[name] = self.runs.get(name, 0) + 1
+        with self._lock:
+            self.runs[name] = self.runs.get(name, 0) + 1
+
+    def order(self, payload: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            order = {"id": len(self.orders) + 1, **payload}
+            self.orders.append(order)
+        return order
 
     async def create_order(self, request: Request) -> Response:
         self.count("orders")
-        payload = await request.json()
-        order = {"id": len(self.orders) + 1, **payload}
-        self.orders.append(order)
+        order = self.order(await request.json())
         return JSONResponse(
             order,
             status_code=201,
@@ -60,10 +77,20 @@ class Shop:
         self.count("report")
 
         async def lines() -> AsyncIterator[bytes]:
-            for i in range(3 * 1024):  # 3 MiB in 1 KiB pieces
-                yield (f"{i:08d}" + "x" * 1015 + "\n").encode()
+            for i in range(REPORT_LINES):
+                yield _line(i)
 
         return StreamingResponse(lines(), media_type="text/plain")
+
+    async def trickle(self, request: Request) -> Response:
+        self.count("trickle")
+
+        async def pieces() -> AsyncIterator[bytes]:
+            for i in range(TRICKLE):
+                await asyncio.sleep(0.05)
+                yield _line(i)
+
+        return StreamingResponse(pieces(), media_type="text/plain")
 
     def app(self) -> Starlette:
         return Starlette(
@@ -73,8 +100,60 @@ class Shop:
                 Route("/boom", self.boom, methods=["POST"]),
                 Route("/invalid", self.invalid, methods=["POST"]),
                 Route("/report", self.report, methods=["POST"]),
+                Route("/trickle", self.trickle, methods=["POST"]),
             ]
         )
+
+    def flask_app(self) -> flask.Flask:
+        """The same shop as a Flask app."""
+        app = flask.Flask("shop")
+
+        @app.post("/orders")
+        def create_order() -> flask.Response:
+            self.count("orders")
+            response = flask.jsonify(self.order(flask.request.get_json()))
+            response.status_code = 201
+            response.headers["location"] = f"/orders/{response.json['id']}"  # type: ignore[index]
+            response.set_cookie("session", "abc")
+            return response
+
+        @app.post("/slow")
+        def slow() -> tuple[dict[str, int], int]:
+            self.count("slow")
+            time.sleep(0.5)
+            return {"run": self.runs["slow"]}, 201
+
+        @app.post("/boom")
+        def boom() -> flask.Response:
+            self.count("boom")
+            raise RuntimeError("payment provider exploded")
+
+        @app.post("/invalid")
+        def invalid() -> tuple[dict[str, str], int]:
+            self.count("invalid")
+            return {"error": "amount must be positive"}, 422
+
+        @app.post("/report")
+        def report() -> flask.Response:
+            self.count("report")
+            return flask.Response(map(_line, range(REPORT_LINES)), mimetype="text/plain")
+
+        @app.post("/trickle")
+        def trickle() -> flask.Response:
+            self.count("trickle")
+
+            def pieces() -> Iterator[bytes]:
+                for i in range(TRICKLE):
+                    time.sleep(0.05)
+                    yield _line(i)
+
+            return flask.Response(pieces(), mimetype="text/plain")
+
+        return app
+
+
+def _line(i: int) -> bytes:
+    return (f"{i:08d}" + "x" * 1015 + "\n").encode()
 
 
 @pytest.fixture
@@ -82,15 +161,33 @@ def shop() -> Shop:
     return Shop()
 
 
-def serve(shop: Shop, database_url: str, **options: Any) -> Any:
+@pytest.fixture(params=["asgi", "wsgi"])
+def frontend(request: pytest.FixtureRequest) -> str:
+    """Which middleware: ASGI (Starlette on uvicorn) or WSGI (Flask on waitress)."""
+    return str(request.param)
+
+
+@contextlib.contextmanager
+def serve(shop: Shop, database_url: str, frontend: str = "asgi", **options: Any) -> Iterator[str]:
     store = create_store(database_url)
     options.setdefault("required", [r"^/orders$"])
-    return live_server(IdempotencyMiddleware(shop.app(), store=store, **options))
+    if frontend == "asgi":
+        with live_server(IdempotencyMiddleware(shop.app(), store=store, **options)) as url:
+            yield url
+        return
+    app = shop.flask_app()
+    app.wsgi_app = WSGIIdempotencyMiddleware(app.wsgi_app, store=store, **options)  # type: ignore[method-assign]
+    try:
+        with live_wsgi_server(app) as url:
+            yield url
+    finally:
+        # The WSGI side's store lives on the process's background loop.
+        background_loop().run(store.close())
 
 
 @pytest.fixture
-def server(shop: Shop, database_url: str) -> Iterator[str]:
-    with serve(shop, database_url) as url:
+def server(shop: Shop, database_url: str, frontend: str) -> Iterator[str]:
+    with serve(shop, database_url, frontend) as url:
         yield url
 
 
@@ -114,20 +211,20 @@ async def test_first_request_runs_and_repeats_replay_it(server: str, shop: Shop)
 
 
 async def test_one_cookie_users_response_is_never_replayed_to_another(
-    shop: Shop, database_url: str
+    shop: Shop, database_url: str, frontend: str
 ) -> None:
     """Cookie sessions send no Authorization. By default such a request has no
     client to scope its key to and is refused; scoped by the cookie, each user
     gets their own answer."""
     ana = {"idempotency-key": "checkout-1", "cookie": "session=ana"}
     bia = {"idempotency-key": "checkout-1", "cookie": "session=bia"}
-    with serve(shop, database_url) as url:
+    with serve(shop, database_url, frontend) as url:
         async with httpx.AsyncClient(base_url=url) as client:
             refused = await client.post("/orders", json={"card": "**** 4242"}, headers=ana)
     assert refused.status_code == 400
     assert refused.json()["type"].endswith("idempotency-key-unscoped")
     assert shop.runs.get("orders", 0) == 0  # not run unprotected either
-    with serve(shop, database_url, scope=by_header("cookie")) as url:
+    with serve(shop, database_url, frontend, scope=by_header("cookie")) as url:
         async with httpx.AsyncClient(base_url=url) as client:
             first = await client.post("/orders", json={"card": "**** 4242"}, headers=ana)
             other = await client.post("/orders", json={"card": "**** 1881"}, headers=bia)
@@ -161,9 +258,9 @@ async def test_50_concurrent_requests_with_one_key_run_the_endpoint_once(
 
 
 async def test_wait_mode_gives_every_concurrent_repeat_the_same_response(
-    shop: Shop, database_url: str
+    shop: Shop, database_url: str, frontend: str
 ) -> None:
-    with serve(shop, database_url, on_conflict="wait") as url:
+    with serve(shop, database_url, frontend, on_conflict="wait") as url:
         async with httpx.AsyncClient(
             base_url=url, limits=httpx.Limits(max_connections=20), timeout=30
         ) as client:
@@ -176,15 +273,17 @@ async def test_wait_mode_gives_every_concurrent_repeat_the_same_response(
 
 
 async def test_a_500_is_stored_and_replayed_not_run_again(server: str, shop: Shop) -> None:
-    # The exception still reaches the server (it logs it and closes that
-    # connection, as for any ASGI app that raises): one connection per request.
+    # Under ASGI the exception still reaches the server (it logs it and closes
+    # that connection, as for any ASGI app that raises): one connection per
+    # request. Flask answers its own 500 page.
     async with httpx.AsyncClient(base_url=server) as client:
         first = await client.post("/boom", json={}, headers=key("b-1"))
     async with httpx.AsyncClient(base_url=server) as client:
         again = await client.post("/boom", json={}, headers=key("b-1"))
     assert first.status_code == again.status_code == 500
     assert again.headers["idempotent-replayed"] == "true"
-    assert first.content == again.content == b"Internal Server Error"
+    assert first.content == again.content
+    assert b"Internal Server Error" in first.content
     assert shop.runs["boom"] == 1
 
 
@@ -267,17 +366,19 @@ async def test_large_streamed_responses_replay_byte_for_byte(
 
 
 async def test_requests_over_the_limit_are_refused_not_run_unprotected(
-    shop: Shop, database_url: str
+    shop: Shop, database_url: str, frontend: str
 ) -> None:
-    with serve(shop, database_url, max_request_bytes=100) as url:
+    with serve(shop, database_url, frontend, max_request_bytes=100) as url:
         async with httpx.AsyncClient(base_url=url) as client:
             response = await client.post("/orders", json={"pad": "x" * 200}, headers=key("big"))
     assert response.status_code == 413
     assert "orders" not in shop.runs
 
 
-async def test_expired_keys_run_again_and_purge_forgets_them(shop: Shop, database_url: str) -> None:
-    with serve(shop, database_url, ttl=1.0, lock_timeout=0.5, cache_bytes=0) as url:
+async def test_expired_keys_run_again_and_purge_forgets_them(
+    shop: Shop, database_url: str, frontend: str
+) -> None:
+    with serve(shop, database_url, frontend, ttl=1.0, lock_timeout=0.5, cache_bytes=0) as url:
         async with httpx.AsyncClient(base_url=url) as client:
             await client.post("/orders", json={}, headers=key("e-1"))
             await asyncio.sleep(1.1)
@@ -342,11 +443,13 @@ async def test_repeats_in_one_batch_see_the_first_as_running(database_url: str) 
 
 
 @pytest.mark.parametrize("engine", ["sqlite"], indirect=True)
-async def test_store_unreachable_fails_closed_with_503(shop: Shop, database_url: str) -> None:
+async def test_store_unreachable_fails_closed_with_503(
+    shop: Shop, database_url: str, frontend: str
+) -> None:
     import sqlite3
     from urllib.parse import urlsplit
 
-    with serve(shop, database_url + "?busy_timeout=200") as url:
+    with serve(shop, database_url + "?busy_timeout=200", frontend) as url:
         async with httpx.AsyncClient(base_url=url) as client:
             await client.post("/orders", json={}, headers=key("warm"))
             blocker = sqlite3.connect(urlsplit(database_url).path, isolation_level=None)
@@ -691,3 +794,154 @@ async def test_a_broken_lookup_connection_is_replaced(database_url: str) -> None
     (again,) = await keys.claim([KeyClaim("c", "k-3", "fp")], now=now, lock_seconds=60, ttl=3600)
     await store.close()
     assert (first.state, again.state) == ("acquired", "acquired")
+
+
+async def test_a_client_that_goes_away_mid_response_leaves_its_key_answered(
+    server: str, shop: Shop
+) -> None:
+    """The client reads the first piece of a streamed answer and hangs up. The
+    endpoint's answer is still recorded whole: the retry gets it replayed,
+    never a key stuck "in progress" until its lock runs out."""
+    async with (
+        httpx.AsyncClient(base_url=server, timeout=10) as client,
+        client.stream("POST", "/trickle", json={}, headers=key("gone")) as first,
+    ):
+        assert first.status_code == 200
+        async for _ in first.aiter_raw():
+            break  # one piece, then the connection is closed
+    deadline = time.monotonic() + 5
+    async with httpx.AsyncClient(base_url=server, timeout=10) as client:
+        while True:
+            again = await client.post("/trickle", json={}, headers=key("gone"))
+            if again.status_code != 409 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+    assert again.status_code == 200
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.content == b"".join(_line(i) for i in range(TRICKLE))
+    assert shop.runs["trickle"] == 1
+
+
+def _post_twice_wsgi(
+    app: Any, database_url: str, name: str
+) -> tuple[httpx.Response | None, httpx.Response]:
+    """POST /charge twice with one key, behind the WSGI middleware; the first
+    answer is None when the connection broke off mid-response."""
+    store = create_store(database_url)
+    try:
+        with live_wsgi_server(WSGIIdempotencyMiddleware(app, store=store)) as url:
+            first: httpx.Response | None
+            try:
+                first = httpx.post(f"{url}/charge", json={}, headers=key(name))
+            except httpx.TransportError:
+                first = None
+            again = httpx.post(f"{url}/charge", json={}, headers=key(name))
+    finally:
+        background_loop().run(store.close())
+    return first, again
+
+
+def test_a_bare_wsgi_app_that_raises_gets_a_stored_problem_500(database_url: str) -> None:
+    runs = 0
+
+    def bare(environ: Any, start_response: Any) -> list[bytes]:
+        nonlocal runs
+        runs += 1
+        raise RuntimeError("no framework to catch this")
+
+    first, again = _post_twice_wsgi(bare, database_url, "raw")
+    assert first is not None
+    assert first.status_code == again.status_code == 500
+    assert first.headers["content-type"] == "application/problem+json"
+    assert again.json() == first.json()
+    assert again.headers["idempotent-replayed"] == "true"
+    assert runs == 1
+
+
+def test_a_wsgi_app_failing_mid_response_is_stored_as_a_500(database_url: str) -> None:
+    """Part of the answer went out when the app raised: the client's answer is
+    cut short, and the retry gets a 500, not a replay of half a response."""
+    runs = 0
+
+    def half(environ: Any, start_response: Any) -> Iterator[bytes]:
+        nonlocal runs
+        runs += 1
+        start_response("201 Created", [("Content-Type", "text/plain")])
+        yield b"x" * 70_000
+        yield b"y" * 70_000
+        raise RuntimeError("failed mid-response")
+
+    first, again = _post_twice_wsgi(half, database_url, "half")
+    assert first is None or len(first.content) < 140_000
+    assert again.status_code == 500
+    assert again.headers["idempotent-replayed"] == "true"
+    assert runs == 1
+
+
+def test_flask_keys_scoped_by_the_logged_in_user(shop: Shop, database_url: str) -> None:
+    """environ_scope: keys belong to the user of the Flask session (a signed
+    cookie whose value changes), not to a header."""
+    from onceonly.contrib.flask import user_scope
+
+    app = shop.flask_app()
+    app.secret_key = "test-secret"
+    app.config["SESSION_COOKIE_NAME"] = "user_session"  # the shop sets a cookie "session"
+
+    @app.post("/login/<user>")
+    def login(user: str) -> dict[str, str]:
+        flask.session["user"] = user
+        return {"user": user}
+
+    store = create_store(database_url)
+    app.wsgi_app = WSGIIdempotencyMiddleware(  # type: ignore[method-assign]
+        app.wsgi_app,
+        store=store,
+        paths=[r"^/orders$"],
+        environ_scope=user_scope(app, lambda: flask.session.get("user")),
+    )
+    same_key = {"idempotency-key": "checkout-1"}
+    try:
+        with live_wsgi_server(app) as url:
+            with httpx.Client(base_url=url) as anonymous:
+                refused = anonymous.post("/orders", json={"card": "4242"}, headers=same_key)
+            with httpx.Client(base_url=url) as ana, httpx.Client(base_url=url) as bia:
+                ana.post("/login/ana")
+                bia.post("/login/bia")
+                first = ana.post("/orders", json={"card": "4242"}, headers=same_key)
+                other = bia.post("/orders", json={"card": "1881"}, headers=same_key)
+                again = ana.post("/orders", json={"card": "4242"}, headers=same_key)
+    finally:
+        background_loop().run(store.close())
+    assert refused.status_code == 400
+    assert refused.json()["type"].endswith("idempotency-key-unscoped")
+    assert (first.status_code, other.status_code, again.status_code) == (201, 201, 201)
+    assert "4242" not in other.text
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.content == first.content
+    assert shop.runs["orders"] == 2
+
+
+async def test_a_chunked_request_body_is_read_whole_and_held_to_the_limit(
+    shop: Shop, database_url: str, frontend: str
+) -> None:
+    """No Content-Length (Transfer-Encoding: chunked): the body is read to its
+    end for the fingerprint and the endpoint, and refused past the limit."""
+    body = json.dumps({"sku": "A1", "pad": "x" * 50}).encode()
+
+    async def pieces(data: bytes) -> AsyncIterator[bytes]:
+        for i in range(0, len(data), 16):
+            yield data[i : i + 16]
+
+    typed = {**key("chunked"), "content-type": "application/json"}
+    with serve(shop, database_url, frontend, max_request_bytes=200) as url:
+        async with httpx.AsyncClient(base_url=url) as client:
+            first = await client.post("/orders", content=pieces(body), headers=typed)
+            again = await client.post("/orders", content=pieces(body), headers=typed)
+            big = await client.post(
+                "/orders", content=pieces(body * 5), headers={**typed, "idempotency-key": "big"}
+            )
+    assert first.status_code == again.status_code == 201
+    assert first.json()["pad"] == "x" * 50
+    assert again.headers["idempotent-replayed"] == "true"
+    assert big.status_code == 413
+    assert shop.runs["orders"] == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from onceonly.idempotency.middleware import _ResponseCache
+from onceonly.idempotency.policy import _ResponseCache
 from onceonly.idempotency.records import StoredResponse
 
 
