@@ -216,3 +216,19 @@ def procs() -> Iterator[list[Proc]]:
     yield started
     for proc in started:
         proc.kill()
+
+
+@pytest.fixture
+def redis_url() -> str:
+    """Redis for the Celery tests: reported as not run without it, unless
+    ``ONCEONLY_TEST_REQUIRE_REDIS=1`` (CI), which fails them."""
+    from celery_support import REQUIRE_REDIS, redis_missing
+
+    missing = redis_missing()
+    if missing and REQUIRE_REDIS:
+        pytest.fail(f"{missing}; ONCEONLY_TEST_REQUIRE_REDIS is set, so this fails")
+    if missing:
+        pytest.skip(missing)
+    from celery_support import REDIS
+
+    return REDIS

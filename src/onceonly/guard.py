@@ -66,7 +66,7 @@ from .store.jobs import JobRecords
 if TYPE_CHECKING:
     import sqlalchemy as sa
 
-__all__ = ["DEFAULT_TTL", "Guard", "JobConflict", "JobInProgress", "Run", "fingerprint_of"]
+__all__ = ["DEFAULT_TTL", "Guard", "Held", "JobConflict", "JobInProgress", "Run", "fingerprint_of"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -99,13 +99,18 @@ class Run:
 
 
 @dataclass
-class _Held:
+class Held:
     """A key this caller runs: its fence and the thread keeping its lease."""
 
     key: str
     fence: int
     stop: threading.Event
     keeper: threading.Thread
+
+    def release(self) -> None:
+        """Stop renewing the lease: the run ended (or is about to be recorded)."""
+        self.stop.set()
+        self.keeper.join()
 
 
 class Guard:
@@ -164,7 +169,13 @@ class Guard:
             raise JobInProgress(f"job {key!r} was just taken over by another caller")
         return taken, None
 
-    def _start(self, key: str, fingerprint: str | None) -> tuple[Run, _Held | None]:
+    def start(self, key: str, fingerprint: str | None = None) -> tuple[Run, Held | None]:
+        """Claim `key`: ``(run, held)`` when this caller must run it (its lease
+        renewed until ``held.release()``), ``(run, None)`` when it was done
+        (``run.result`` is the recorded result). Raises :class:`JobInProgress`
+        or :class:`JobConflict` as :meth:`once` does. For runners that record
+        the completion themselves (:mod:`onceonly.tasks`); most code wants
+        :meth:`once`."""
         if not key:
             raise ValueError("a job key must not be empty")
         fence, recorded = self._acquire(key, fingerprint)
@@ -175,14 +186,17 @@ class Guard:
             target=self._keep, args=(key, fence, stop), name="onceonly-job-lease", daemon=True
         )
         keeper.start()
-        return Run(key, acquired=True), _Held(key, fence, stop, keeper)
+        return Run(key, acquired=True), Held(key, fence, stop, keeper)
 
-    def _end(self, held: _Held, run: Run, exc: BaseException | None, ttl: float | None) -> None:
-        held.stop.set()
-        held.keeper.join()
+    def record_failure(self, held: Held, exc: BaseException, ttl: float | None) -> None:
+        """Mark a held key failed with `exc` (the next call runs it again)."""
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+        self.records.fail(self.engine, held.key, fence=held.fence, error=error, ttl=ttl)
+
+    def _end(self, held: Held, run: Run, exc: BaseException | None, ttl: float | None) -> None:
+        held.release()
         if exc is not None:
-            error = f"{type(exc).__name__}: {exc}"[:2000]
-            self.records.fail(self.engine, held.key, fence=held.fence, error=error, ttl=ttl)
+            self.record_failure(held, exc, ttl)
             return
         try:
             result = json.dumps(run.result)
@@ -194,7 +208,8 @@ class Guard:
                 "its completion was not recorded"
             )
 
-    def _ttl(self, ttl: float | None) -> float | None:
+    def horizon(self, ttl: float | None) -> float | None:
+        """How long a key finished now is remembered: `ttl`, or the guard's."""
         if ttl is not None and ttl <= 0:
             raise ValueError("ttl must be positive")
         return self.ttl if ttl is None else ttl
@@ -209,8 +224,8 @@ class Guard:
         of the same key with another fingerprint raise :class:`JobConflict`;
         `ttl` overrides the guard's memory horizon for this key.
         """
-        ttl = self._ttl(ttl)
-        run, held = self._start(key, fingerprint)
+        ttl = self.horizon(ttl)
+        run, held = self.start(key, fingerprint)
         if held is None:
             yield run
             return
@@ -229,8 +244,8 @@ class Guard:
 
         The database calls run in a thread, so the event loop never waits on them.
         """
-        ttl = self._ttl(ttl)
-        run, held = await asyncio.to_thread(self._start, key, fingerprint)
+        ttl = self.horizon(ttl)
+        run, held = await asyncio.to_thread(self.start, key, fingerprint)
         if held is None:
             yield run
             return

@@ -20,7 +20,7 @@ from .options import app_options, console, errors, fail_cleanly, load, with_stor
 if TYPE_CHECKING:
     from ..dashboard.redaction import Redactor
 
-__all__ = ["events"]
+__all__ = ["events", "replay_and_report"]
 
 
 @click.group()
@@ -150,11 +150,17 @@ def replay_events(
     """Put events back in line: one (REF: row id or PROVIDER:EVENT_ID) or all
     with --status. Attempts start again from zero; recorded effects are not
     called again."""
-    from ..operations import replay
-
     if (ref is None) == (status is None):
         raise click.UsageError("give either an event (REF) or --status, not both")
-    app = load(app_spec, database_url)
+    replay_and_report(load(app_spec, database_url), ref, status, fmt)
+
+
+def replay_and_report(app: Onceonly, ref: str | None, status: str | None, fmt: str) -> None:
+    """What ``onceonly events replay`` does once its deployment is loaded (also
+    ``manage.py onceonly_replay``): replay `ref` or every event in `status`,
+    print what was replayed, exit 1 when `ref` is unknown or already in line."""
+    from ..operations import replay
+
     event_pk: int | None = None
     if ref is not None:
         found = _find(app, ref)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Table
@@ -13,7 +14,12 @@ from .._click import FORMAT as _FORMAT
 from ..store import create_store
 from .options import app_options, console, duration_option, fail_cleanly, load, with_store
 
-__all__ = ["idempotency", "migrate", "purge_command"]
+if TYPE_CHECKING:
+    from datetime import timedelta
+
+    from ..config import Onceonly
+
+__all__ = ["idempotency", "migrate", "purge_and_report", "purge_command"]
 
 
 @click.command()
@@ -105,12 +111,30 @@ def purge_command(
     payload (dead ones for replay). A resend of a purged event is still answered
     as a duplicate until --keep-ids has passed. See docs/operations.md.
     """
-    from ..retention import purge
-
     payloads = duration_option(older_than, "--older-than")
     ids = duration_option(keep_ids, "--keep-ids")
     app = load(app_spec, database_url)
-    report = purge(app, older_than=payloads, keep_ids=ids, dry_run=dry_run, batch_size=batch_size)
+    purge_and_report(
+        app, older_than=payloads, keep_ids=ids, dry_run=dry_run, batch_size=batch_size, fmt=fmt
+    )
+
+
+def purge_and_report(
+    app: Onceonly,
+    *,
+    older_than: timedelta | None,
+    keep_ids: timedelta | None,
+    dry_run: bool,
+    batch_size: int,
+    fmt: str,
+) -> None:
+    """What ``onceonly purge`` does once its deployment is loaded (also
+    ``manage.py onceonly_purge``): purge, then print the report."""
+    from ..retention import purge
+
+    report = purge(
+        app, older_than=older_than, keep_ids=keep_ids, dry_run=dry_run, batch_size=batch_size
+    )
     if fmt == "json":
         click.echo(json.dumps(report.to_dict(), indent=2))
         return

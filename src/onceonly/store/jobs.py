@@ -228,6 +228,16 @@ class JobRecords:
         with translated("finishing a job key"), engine.begin() as conn:
             return conn.execute(sa.text(self._s.finish), params).rowcount == 1
 
+    def finish_in(
+        self, conn: sa.Connection, key: str, *, fence: int, result: str | None, ttl: float | None
+    ) -> bool:
+        """:meth:`finish` in the caller's transaction (a keyed task's, so that
+        its writes and the done mark commit together); False if this fence no
+        longer holds the key."""
+        params = self._params(key=key, fence=fence, result=result, ttl=ttl)
+        with translated("finishing a job key"):
+            return conn.execute(sa.text(self._s.finish), params).rowcount == 1
+
     def fail(
         self, engine: sa.Engine, key: str, *, fence: int, error: str, ttl: float | None
     ) -> bool:

@@ -384,6 +384,23 @@ MIGRATIONS: dict[str, tuple[Migration, ...]] = {
             ),
         ),
         Migration(7, "dashboard sessions", (_SESSIONS.format(seconds="DOUBLE PRECISION"),)),
+        # SQLite keeps these records in the ``-effects`` file next to the main
+        # one (a keyed task's transaction holds the main file's write lock):
+        # see onceonly.store.job_effects, which creates that table.
+        Migration(
+            8,
+            "effect records of keyed tasks",
+            (
+                """CREATE TABLE onceonly_job_effects (
+                    job_key TEXT NOT NULL REFERENCES onceonly_jobs (key) ON DELETE CASCADE,
+                    name TEXT NOT NULL,
+                    key TEXT NOT NULL UNIQUE,
+                    outcome TEXT NOT NULL,
+                    recorded_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+                    PRIMARY KEY (job_key, name)
+                )""",
+            ),
+        ),
     ),
 }
 

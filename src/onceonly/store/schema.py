@@ -100,12 +100,13 @@ def describe(kind: str) -> sa.MetaData:
     dialect = _DIALECTS.get(kind)
     if dialect is None:
         raise ConfigurationError(f"onceonly runs on 'sqlite' or 'postgresql', not {kind!r}")
-    return _Builder(dialect).build()
+    return _Builder(dialect, kind).build()
 
 
 class _Builder:
-    def __init__(self, d: _Dialect) -> None:
+    def __init__(self, d: _Dialect, kind: str) -> None:
         self.d = d
+        self.kind = kind
         self.metadata = sa.MetaData()
 
     def build(self) -> sa.MetaData:
@@ -115,6 +116,9 @@ class _Builder:
         self._effects()
         self._outbox()
         self._jobs()
+        if self.kind == "postgresql":
+            # SQLite keeps keyed tasks' effect records in the ``-effects`` file.
+            self._job_effects()
         self._idempotency()
         self._dashboard_sessions()
         return self.metadata
@@ -284,6 +288,25 @@ class _Builder:
             sa.Column("expires_at", d.due),
             sa.CheckConstraint("status IN ('running', 'done', 'failed')"),
             self._partial("onceonly_jobs_expiry_idx", "expires_at", where="expires_at IS NOT NULL"),
+        )
+
+    def _job_effects(self) -> None:
+        sa.Table(
+            "onceonly_job_effects",
+            self.metadata,
+            sa.Column(
+                "job_key",
+                sa.Text,
+                sa.ForeignKey("onceonly_jobs.key", ondelete="CASCADE"),
+                primary_key=True,
+                nullable=False,
+            ),
+            sa.Column("name", sa.Text, primary_key=True, nullable=False),
+            sa.Column("key", sa.Text, nullable=False),
+            sa.Column("outcome", sa.Text, nullable=False),
+            sa.Column("recorded_at", self.d.stamp, nullable=False),
+            # A task effect's idempotency key is given to one call only.
+            self._unique("key", name="onceonly_job_effects_key_key"),
         )
 
     def _idempotency(self) -> None:

@@ -65,6 +65,9 @@ class _Statements:
     notify: str | None
     #: How many events a worker could claim now (``run_until_idle``).
     due_count: str
+    #: One event as a claim of it left it: still processing under that fence
+    #: (an outlet's message names the claim it carries).
+    claimed: str
 
 
 _INSERT_ATTEMPT = """
@@ -78,6 +81,10 @@ _RELEASE = """
     WHERE id = :id AND fence = :fence AND status = 'processing'
 """
 _PURGED_AT = "SELECT payload_purged_at FROM onceonly_events WHERE id = :id"
+_CLAIMED = f"""
+    SELECT {event_columns()}, fence FROM onceonly_events
+    WHERE id = :id AND fence = :fence AND status = 'processing'
+"""
 
 _POSTGRES = _Statements(
     claim=f"""
@@ -145,6 +152,7 @@ _POSTGRES = _Statements(
         WHERE (status IN ('pending', 'failed') AND run_after <= now())
            OR (status = 'processing' AND lease_expires_at < now())
     """,
+    claimed=_CLAIMED,
 )
 
 _SQLITE = _Statements(
@@ -199,6 +207,7 @@ _SQLITE = _Statements(
         WHERE (status IN ('pending', 'failed') AND run_after <= :now)
            OR (status = 'processing' AND lease_expires_at < :now)
     """,
+    claimed=_CLAIMED,
 )
 
 _STATEMENTS = {"postgresql": _POSTGRES, "sqlite": _SQLITE}
@@ -233,6 +242,13 @@ class WorkQueue:
                 {"n": n, "owner": owner, "lease": lease, "now": self.clock()},
             ).all()
         return [Claimed(event_from_row(row), row.fence) for row in rows]
+
+    def claimed(self, engine: sa.Engine, id: int, fence: int) -> Claimed | None:
+        """Event `id` as claimed with `fence`, or None if that claim is over
+        (processed, failed, or claimed again since)."""
+        with translated("reading a claimed event"), engine.connect() as conn:
+            row = conn.execute(sa.text(self.sql.claimed), {"id": id, "fence": fence}).first()
+        return None if row is None else Claimed(event_from_row(row), row.fence)
 
     def due_count(self, engine: sa.Engine) -> int:
         """How many events a worker could claim now."""
