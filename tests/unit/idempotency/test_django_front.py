@@ -354,3 +354,37 @@ def test_a_stream_closed_before_it_was_read_is_still_recorded_whole() -> None:
     assert again.headers["Idempotent-Replayed"] == "true"
     assert body_of(again) == b"".join(PIECES)
     assert runs == 1
+
+
+async def test_under_asgi_async_views_keep_their_records_on_the_servers_loop() -> None:
+    """An ASGI request's store work runs on its own loop, on a store of that
+    loop's own for the project's database (no thread switch); a WSGI one's
+    (asgiref's loop for one request) and an explicit store's on the
+    background loop."""
+    import io
+
+    from django.core.handlers.asgi import ASGIRequest
+
+    from onceonly.contrib.django import get_app, reset
+    from onceonly.contrib.django.idempotency.streams import BACKGROUND, LOCAL
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/orders",
+        "headers": [],
+        "query_string": b"",
+    }
+    asgi = ASGIRequest(scope, io.BytesIO(b"{}"))
+    front = IdempotencyMiddleware(lambda request: HttpResponse()).front
+    policy, bridge = front._async_policy(asgi)
+    assert bridge is LOCAL
+    assert policy.store is not get_app().store
+    assert policy.store.url == get_app().store.url  # the project's database
+    assert front._async_policy(asgi) == (policy, LOCAL)  # one per loop, not per request
+    assert front._async_policy(post(1)) == (front.policy, BACKGROUND)
+    with override_settings(ONCEONLY_IDEMPOTENCY={"store": MemoryStore()}):
+        explicit = IdempotencyMiddleware(lambda request: HttpResponse()).front
+    assert explicit._async_policy(asgi)[1] is BACKGROUND
+    reset()
+    assert front._async_policy(asgi)[0] is not policy  # follows get_app() when it is rebuilt

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import RequestDataTooBig
+from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.utils.module_loading import import_string
 
@@ -24,6 +26,7 @@ from ....idempotency.policy import (
     Run,
     too_large,
 )
+from ....store import create_store
 from ....wsgi import environ_headers
 from .responses import (
     django_answer,
@@ -34,7 +37,7 @@ from .responses import (
     unrendered,
 )
 from .scopes import RequestScope, auser_scope, user_scope
-from .streams import detach, on_background, relay_async, set_stream
+from .streams import BACKGROUND, LOCAL, Bridge, relay_async, set_stream
 
 if TYPE_CHECKING:
     from ....store import Store
@@ -96,6 +99,11 @@ class Front:
         self.options = options
         self._policy: IdempotencyPolicy | None = None
         self._lock = threading.Lock()
+        #: The async side's policies under ASGI, one per event loop, with the
+        #: project's store they were made for.
+        self._loop_policies: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, tuple[Store, IdempotencyPolicy]
+        ] = weakref.WeakKeyDictionary()
 
     @property
     def policy(self) -> IdempotencyPolicy:
@@ -236,7 +244,7 @@ class Front:
         if response.is_async:
             # An async iterator under WSGI: Django itself consumes it on a loop
             # of its own; the relay follows it there.
-            return relay_async(response, recorder)
+            return relay_async(response, recorder, BACKGROUND)
         set_stream(response, recorder)
         return response
 
@@ -244,8 +252,34 @@ class Front:
     def _keeps_cookies(self) -> bool:
         return "set-cookie" not in self.policy.dropped_headers
 
-    # The async path: the view runs on the server's loop; the store's work is
-    # awaited on the background loop.
+    # The async path: the view runs on the server's loop, and so does the
+    # store's work under ASGI, on a store of the loop's own.
+
+    def _async_policy(self, request: HttpRequest) -> tuple[IdempotencyPolicy, Bridge]:
+        """The policy for an async view, and where its work runs.
+
+        Under Django's ASGI handler, async views run on the server's one
+        loop: the project's database gets a store of that loop's own
+        (connections belong to the loop that opened them), and its work runs
+        there, with no thread switch. Elsewhere (an async view under WSGI
+        runs on a loop asgiref makes for the one request; `store=` given)
+        it runs on the background loop, with the sync side's store.
+        """
+        if "store" in self.options or not isinstance(request, ASGIRequest):
+            return self.policy, BACKGROUND
+        from ..conf import get_app
+
+        app = get_app()
+        loop = asyncio.get_running_loop()
+        entry = self._loop_policies.get(loop)
+        # Rebuilt when get_app() is (see the policy property).
+        if entry is None or entry[0] is not app.store:
+            options = dict(self.options)
+            policy = IdempotencyPolicy(
+                store=create_store(app.database_url), scope=lambda headers: "request", **options
+            )
+            entry = self._loop_policies[loop] = (app.store, policy)
+        return entry[1], LOCAL
 
     async def ahandle(
         self, request: HttpRequest, view: Callable[[], Awaitable[HttpResponseBase]]
@@ -258,18 +292,20 @@ class Front:
         client = await self.aclient(request)
         if not client:
             return problem_response(UNSCOPED)
-        policy = self.policy
+        policy, bridge = self._async_policy(request)
         ident = (client, claim.key)
 
         def abandoned(decision: Run | Replay | Problem) -> None:
             if isinstance(decision, Run):  # claimed for a request that is gone: free it
-                detach(policy.recorder(ident, decision.fence).record())
+                bridge.detach(policy.recorder(ident, decision.fence).record())
 
-        decision = await on_background(policy.decide(ident, claim.fingerprint), abandoned=abandoned)
+        decision = await bridge.run(policy.decide(ident, claim.fingerprint), abandoned=abandoned)
         if isinstance(decision, Problem):
             return problem_response(decision)
         if isinstance(decision, Replay):
-            chunks = None if decision.body is not None else self._achunks(ident, decision.fence)
+            chunks = None
+            if decision.body is None:
+                chunks = _achunks(policy, bridge, ident, decision.fence)
             return replay_response(decision, chunks)
         recorder = policy.recorder(ident, decision.fence)
         try:
@@ -281,23 +317,27 @@ class Front:
             # away: it may have done part of its work, so the retry gets a
             # 500, as for an exception, not a second run.
             keep_problem(recorder, recorder.failed(sent=False, complete=False))
-            detach(recorder.record())
+            bridge.detach(recorder.record())
             raise
         except Exception as exc:
             response = await sync_to_async(django_answer, thread_sensitive=False)(request, exc)
         recorder.start(response.status_code, response_headers(response, self._keeps_cookies))
         if not isinstance(response, StreamingHttpResponse):
             recorder.take(cast(HttpResponse, response).content, more=False)
-            await on_background(recorder.record())
+            await bridge.run(recorder.record())
             return response
-        return relay_async(response, recorder)
+        return relay_async(response, recorder, bridge)
 
-    async def _achunks(self, ident: tuple[str, str], fence: int) -> AsyncIterator[bytes]:
-        seq = 0
-        while True:
-            chunks = await on_background(self.policy.read_chunks(ident, fence, seq))
-            for chunk in chunks:
-                yield chunk
-            seq += len(chunks)
-            if len(chunks) < 16:
-                return
+
+async def _achunks(
+    policy: IdempotencyPolicy, bridge: Bridge, ident: tuple[str, str], fence: int
+) -> AsyncIterator[bytes]:
+    """A chunked replay's body, read 1 MiB at a time."""
+    seq = 0
+    while True:
+        chunks = await bridge.run(policy.read_chunks(ident, fence, seq))
+        for chunk in chunks:
+            yield chunk
+        seq += len(chunks)
+        if len(chunks) < 16:
+            return

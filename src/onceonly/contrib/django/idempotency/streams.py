@@ -7,7 +7,6 @@ recorder; the last one waits for the record (as under ASGI and WSGI).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 from collections.abc import (
     AsyncIterator,
@@ -26,11 +25,12 @@ from ...._threads import background_loop
 from ....idempotency.policy import Recorder
 
 __all__ = [
+    "BACKGROUND",
+    "LOCAL",
+    "Bridge",
     "Drain",
     "Stream",
-    "detach",
     "listed",
-    "on_background",
     "relay",
     "relay_async",
     "set_stream",
@@ -40,33 +40,56 @@ log = logging.getLogger("onceonly.idempotency")
 T = TypeVar("T")
 
 
-async def on_background(
-    work: Coroutine[Any, Any, T], *, abandoned: Callable[[T], None] | None = None
-) -> T:
-    """Await `work` run on the background loop, without blocking this loop.
+class Bridge:
+    """Where a policy's coroutines run, seen from async code.
+
+    ``LOCAL``: on the running loop, whose policy has a store of its own (an
+    ASGI server's one loop); no thread switch. ``BACKGROUND``: on the
+    process's background loop, whose stores the sync side uses too.
 
     Cancelling the caller (Django's ASGI handler does, when the client goes
-    away) does not cancel `work`: a claim or a record half made would leave
-    its key in flight until its lock runs out. `abandoned` then gets what
-    `work` returns, on the background loop."""
-    future = asyncio.run_coroutine_threadsafe(work, background_loop().loop)
-    try:
-        return await asyncio.shield(asyncio.wrap_future(future))
-    except asyncio.CancelledError:
-        if abandoned is not None:
-            callback = abandoned
+    away) does not cancel the work: a claim or a record half made would
+    leave its key in flight until its lock runs out.
+    """
 
-            def done(finished: concurrent.futures.Future[T]) -> None:
-                if not finished.cancelled() and finished.exception() is None:
-                    callback(finished.result())
+    def __init__(self, local: bool) -> None:
+        self.local = local
+        # Detached work on this loop, kept from the garbage collector.
+        self._detached: set[asyncio.Future[Any]] = set()
 
-            future.add_done_callback(done)
-        raise
+    def _start(self, work: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
+        if self.local:
+            return asyncio.ensure_future(work)
+        return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, background_loop().loop))
+
+    async def run(
+        self, work: Coroutine[Any, Any, T], *, abandoned: Callable[[T], None] | None = None
+    ) -> T:
+        """Await `work`; if the caller is cancelled first, `work` goes on and
+        `abandoned` gets what it returns."""
+        future = self._start(work)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if abandoned is not None:
+                callback = abandoned
+
+                def done(finished: asyncio.Future[T]) -> None:
+                    if not finished.cancelled() and finished.exception() is None:
+                        callback(finished.result())
+
+                future.add_done_callback(done)
+            raise
+
+    def detach(self, work: Coroutine[Any, Any, None]) -> None:
+        """Start `work` and do not wait for it: the caller is being cancelled."""
+        future = self._start(work)
+        self._detached.add(future)
+        future.add_done_callback(self._detached.discard)
 
 
-def detach(work: Coroutine[Any, Any, None]) -> None:
-    """Start `work` on the background loop and do not wait: the caller is being cancelled."""
-    asyncio.run_coroutine_threadsafe(work, background_loop().loop)
+LOCAL = Bridge(local=True)
+BACKGROUND = Bridge(local=False)
 
 
 # Streamed responses: each piece is passed on as it comes and kept by the
@@ -177,8 +200,7 @@ def listed(pieces: Iterable[bytes]) -> list[bytes]:
 
 
 def relay_async(
-    response: StreamingHttpResponse,
-    recorder: Recorder,
+    response: StreamingHttpResponse, recorder: Recorder, bridge: Bridge
 ) -> StreamingHttpResponse:
     """`response`, its content relayed as :func:`relay` does, for async code."""
     content = response.streaming_content
@@ -207,12 +229,12 @@ def relay_async(
                 out, pending = pending, bytes(piece)
                 if out is not None:
                     if recorder.take(out, more=True):
-                        await on_background(recorder.spill())
+                        await bridge.run(recorder.spill())
                     yield out
             last = pending or b""
             recorder.take(last, more=False)
             finished = True
-            await on_background(recorder.record())
+            await bridge.run(recorder.record())
             if last:
                 yield last
         except (asyncio.CancelledError, GeneratorExit):
@@ -220,13 +242,13 @@ def relay_async(
                 # Cancelled mid-stream (the client went away, under ASGI): what
                 # was sent cannot be replayed whole; a 500 is kept.
                 recorder.failed(sent=True, complete=False)
-                detach(recorder.record())
+                bridge.detach(recorder.record())
             raise
         except Exception:
             if not finished:
                 log.exception("the view's streamed response failed; a 500 is kept for its key")
                 recorder.failed(sent=True, complete=False)
-                await on_background(recorder.record())
+                await bridge.run(recorder.record())
             raise
 
     response.streaming_content = relay()
