@@ -19,12 +19,17 @@ answers and records, in the same tables. Keys are scoped by the logged-in
 user (``request.user.pk``); an anonymous request falls back to a hash of its
 ``Authorization`` header, as the ASGI middleware's default scope.
 
-The store's coroutines always run on the process's background loop
-(:func:`onceonly._threads.background_loop`), also for async views under ASGI:
-a store's connections belong to one loop (asyncpg's pool does), and the
-project's store is shared with everything else onceonly does in the process
-(the webhook view, the WSGI front end). A sync view blocks its server thread
-on that loop; an async view awaits it, and itself runs on the server's loop.
+A store's connections belong to one event loop (asyncpg's pool does). Sync
+views wait on the process's background loop
+(:func:`onceonly._threads.background_loop`), with the project's store, shared
+with the rest of onceonly in the process; async views under ASGI claim and
+record on the server's loop, where they run, on a store of that loop's own
+(:class:`.front.Front`, :class:`.streams.Bridge`).
+
+Modules: :mod:`.scopes` (whose key), :mod:`.front` (the request up to the
+claim, the sync and async paths), :mod:`.responses` (Django responses in
+and out of the policy), :mod:`.streams` (streamed responses, the loops),
+:mod:`.middleware` (the middleware and the decorator).
 """
 
 from __future__ import annotations
