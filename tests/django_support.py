@@ -83,3 +83,40 @@ def django_alias(engine: str, postgres_url: str | None) -> Iterator[str]:
         finally:
             connections.close_all()
             reset()
+
+
+def deliver(deliveries: list[tuple[bytes, dict[str, str]]]) -> list[bool]:
+    """Store signed Stripe deliveries through the project's inbox, in process;
+    for each, whether it was a duplicate."""
+    import asyncio
+
+    from onceonly.contrib.django import get_app
+    from onceonly.events import Delivery
+
+    app = get_app()
+
+    async def receive() -> list[bool]:
+        try:
+            receipts = await asyncio.gather(
+                *(app.inbox.receive(Delivery("stripe", b, h, {})) for b, h in deliveries)
+            )
+        finally:
+            await app.store.close()
+        return [r.duplicate for r in receipts]
+
+    return asyncio.run(receive())
+
+
+def run_worker_until_idle(alias: str, **options: Any) -> None:
+    """The project's worker, as ``manage.py onceonly_worker --until-idle`` runs
+    it, in this process."""
+    from onceonly.contrib.django import get_app
+    from onceonly.contrib.django.transactions import DjangoTransactions
+
+    app = get_app()
+    # Polled often: a failed event's retries are due within a fraction of a
+    # second (the project's retry_base), and PostgreSQL's NOTIFY only says
+    # "new event".
+    options.setdefault("poll_interval", 0.05)
+    app.worker(transactions=DjangoTransactions(alias), **options).run_until_idle(30)
+    app.engine.dispose()

@@ -22,6 +22,9 @@ import sqlalchemy as sa
 __all__ = ["BorrowedConnections"]
 
 _DIALECTS = {"sqlite": "sqlite+pysqlite://", "postgresql": "postgresql+psycopg://"}
+# The hstore look-up at first connect wants psycopg's own class, not the
+# stand-in below; onceonly's tables have no hstore column.
+_OPTIONS: dict[str, dict[str, Any]] = {"sqlite": {}, "postgresql": {"use_native_hstore": False}}
 
 
 class _Lent:
@@ -71,6 +74,7 @@ class BorrowedConnections:
             # connection is the owner's, and it may be a new one next time.
             poolclass=sa.pool.NullPool,
             pool_reset_on_return=None,
+            **_OPTIONS[kind],
         )
 
     def _current(self) -> Any:

@@ -31,7 +31,13 @@ USE_TZ = True
 def database(url: str) -> dict[str, Any]:
     """Django's DATABASES entry for an onceonly URL."""
     if url.startswith("sqlite:///"):
-        return {"ENGINE": "django.db.backends.sqlite3", "NAME": url.removeprefix("sqlite:///")}
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": url.removeprefix("sqlite:///"),
+            # What onceonly's worker requires on SQLite (docs/django.md): its
+            # transactions take the write lock up front, and wait for it.
+            "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 30},
+        }
     parts = urlsplit(url)
     return {
         "ENGINE": "django.db.backends.postgresql",
