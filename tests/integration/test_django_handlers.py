@@ -84,6 +84,26 @@ def test_a_failing_handler_leaves_no_orm_rows_and_its_neighbours_commit(alias: s
     assert statuses["evt_bad"] in ("failed", "dead")
 
 
+@pytest.mark.parametrize("swallow", [False, True], ids=["raised", "swallowed"])
+def test_a_failed_orm_statement_fails_only_its_handler(alias: str, swallow: bool) -> None:
+    # Django marks its transaction for rollback when an ORM statement fails;
+    # the handler's savepoint undoes that statement, so the batch goes on. A
+    # handler that swallows the error is failed all the same (its writes are
+    # not what it meant), as PostgreSQL would have it anyway.
+    django_support.deliver(
+        [
+            stripe_delivery("evt_before", extra={"amount": 1}),
+            stripe_delivery("evt_null", extra={"amount": 2, "null": True, "swallow": swallow}),
+            stripe_delivery("evt_after", extra={"amount": 3}),
+        ]
+    )
+    django_support.run_worker_until_idle(alias, concurrency=1, batch_size=8)
+    assert _payments() == [("evt_after", 3), ("evt_before", 1)]
+    statuses = _statuses(alias)
+    assert statuses["evt_before"] == statuses["evt_after"] == "processed"
+    assert statuses["evt_null"] in ("failed", "dead")
+
+
 def test_the_effect_ledger_and_the_outbox_work_in_django_handlers(alias: str) -> None:
     from django.db import connections
     from payments import webhooks

@@ -2,8 +2,9 @@
 
 The event's ``data`` says how a test wants the handler to behave:
 ``{"amount": 100}`` creates a payment; ``"fail": true`` creates one and then
-raises (the row must not survive); ``"effect": true`` also records an effect
-in the ledger and stages an outbox row.
+raises (the row must not survive); ``"null": true`` makes the ORM's INSERT
+fail (``"swallow": true``: and the handler catch that error); ``"effect":
+true`` also records an effect in the ledger and stages an outbox row.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from typing import Any
+
+from django.db import IntegrityError
 
 from onceonly.context import Context
 from onceonly.contrib.django import action, handler
@@ -34,6 +37,12 @@ def _data(event: Event) -> dict[str, Any]:
 def on_payment(event: Event, ctx: Context) -> None:
     data = _data(event)
     Payment.objects.create(event_id=event.event_id, amount=int(data.get("amount", 100)))
+    if data.get("null"):
+        try:
+            Payment.objects.create(event_id=event.event_id, amount=None)
+        except IntegrityError:
+            if not data.get("swallow"):
+                raise
     if data.get("effect"):
         ctx.effect("charge", lambda key: {"charged": key})
         ctx.stage("receipt", {"event": event.event_id})

@@ -29,6 +29,9 @@ from ...store.savepoints import HandlerSavepoints
 
 __all__ = ["DjangoTransactions"]
 
+_RELEASE = f"RELEASE SAVEPOINT {HandlerSavepoints.NAME}"
+_ROLLBACK = f"ROLLBACK TO SAVEPOINT {HandlerSavepoints.NAME}"
+
 
 class DjangoTransactions:
     """Batches in Django's transactions on database `alias`."""
@@ -66,15 +69,27 @@ class DjangoTransactions:
                     self.borrowed.lend(django_connection.connection) as conn,
                     django_connection.execute_wrapper(_savepoint_first(conn)),
                 ):
+                    event.listen(conn, "before_cursor_execute", self._before_statement)
                     event.listen(conn, "after_cursor_execute", self._after_statement)
                     yield conn
         finally:
             django_connection.close_if_unusable_or_obsolete()
 
+    def _before_statement(
+        self, conn: sa.Connection, cursor: Any, statement: str, *args: Any
+    ) -> None:
+        if statement == _RELEASE and transaction.get_rollback(using=self.alias):
+            # The handler returned, but one of its ORM statements failed and
+            # it swallowed the error: Django would roll the whole batch back
+            # at the end. Refusing the release makes the batch roll back this
+            # handler's savepoint and count the attempt as failed, as
+            # PostgreSQL itself does for an aborted savepoint.
+            raise StoreError("the handler swallowed a database error of the ORM")
+
     def _after_statement(
         self, conn: sa.Connection, cursor: Any, statement: str, *args: Any
     ) -> None:
-        if statement.startswith("ROLLBACK TO SAVEPOINT " + HandlerSavepoints.NAME):
+        if statement == _ROLLBACK:
             # A failed ORM statement of the handler marked Django's transaction
             # for rollback; the handler's savepoint undid it, so the batch's
             # other events may go on and commit.
