@@ -78,7 +78,12 @@ def database_url_for(alias: str) -> str:
                 f"DATABASES[{alias!r}] is an in-memory SQLite database; onceonly's worker and "
                 "receiver need a file that every process opens"
             )
-        return f"sqlite:///{Path(name).resolve()}"
+        url = f"sqlite:///{Path(name).resolve()}"
+        # One lock wait for both: Django's connections and onceonly's.
+        timeout = (db.get("OPTIONS") or {}).get("timeout")
+        if isinstance(timeout, int | float) and timeout >= 0:
+            url += f"?busy_timeout={int(timeout * 1000)}"
+        return url
     if backend in ("django.db.backends.postgresql", "django.contrib.gis.db.backends.postgis"):
         user = quote(str(db.get("USER") or ""), safe="")
         password = quote(str(db.get("PASSWORD") or ""), safe="")
