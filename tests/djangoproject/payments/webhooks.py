@@ -4,12 +4,14 @@ The event's ``data`` says how a test wants the handler to behave:
 ``{"amount": 100}`` creates a payment; ``"fail": true`` creates one and then
 raises (the row must not survive); ``"null": true`` makes the ORM's INSERT
 fail (``"swallow": true``: and the handler catch that error); ``"effect":
-true`` also records an effect in the ledger and stages an outbox row.
+true`` also records an effect in the ledger and stages an outbox row;
+``"sleep": seconds`` makes it take that long (crash tests).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +38,8 @@ def _data(event: Event) -> dict[str, Any]:
 @handler("stripe", "payment_intent.succeeded")
 def on_payment(event: Event, ctx: Context) -> None:
     data = _data(event)
+    if data.get("sleep"):
+        time.sleep(float(data["sleep"]))
     Payment.objects.create(event_id=event.event_id, amount=int(data.get("amount", 100)))
     if data.get("null"):
         try:
