@@ -71,6 +71,20 @@ def _payments(db: sa.Engine) -> int:
     return int(scalar(db, "SELECT count(*) FROM payments_payment"))
 
 
+def test_until_idle_processes_what_is_due_and_exits(
+    database_url: str, db: sa.Engine, tmp_path: Path
+) -> None:
+    event_ids = [f"evt_idle_{i}" for i in range(3)]
+    _receive(database_url, _deliveries(event_ids))
+    output = django_support.manage(
+        database_url, tmp_path, "onceonly_worker", "--until-idle", "--log-level", "warning"
+    )
+    assert "onceonly worker: database" in output
+    per_event = dict(rows(db, "SELECT event_id, count(*) FROM payments_payment GROUP BY event_id"))
+    assert per_event == dict.fromkeys(event_ids, 1)
+    assert statuses(db) == {"processed": 3}
+
+
 def test_sigkilled_django_workers_create_each_payment_exactly_once(
     database_url: str, db: sa.Engine, tmp_path: Path, procs: list[Proc]
 ) -> None:

@@ -28,6 +28,7 @@ class Command(BaseCommand):
             "--concurrency",
             type=int,
             default=4,
+            metavar="N",
             help="Events handled at once: threads, each with its own database connection "
             "(default: 4).",
         )
@@ -60,6 +61,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--metrics-host",
             default="127.0.0.1",
+            metavar="HOST",
             help="Interface for --metrics-port (default: 127.0.0.1).",
         )
 
