@@ -49,14 +49,22 @@ def _event_ids(db: sa.Engine) -> Counter[str]:
     return Counter(str(e) for (e,) in rows(db, "SELECT event_id FROM onceonly_events"))
 
 
-def _post(client: httpx.Client, url: str, body: bytes, headers: dict[str, str]) -> httpx.Response:
-    return client.post(f"{url}/webhooks/stripe", content=body, headers=headers)
+def _post(
+    client: httpx.Client,
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    prefix: str = "webhooks",
+) -> httpx.Response:
+    return client.post(f"{url}/{prefix}/stripe", content=body, headers=headers)
 
 
-def _deliver_twice_concurrently(url: str, event_ids: list[str]) -> list[httpx.Response]:
+def _deliver_twice_concurrently(
+    url: str, event_ids: list[str], prefix: str = "webhooks"
+) -> list[httpx.Response]:
     deliveries = [stripe_delivery(e) for e in event_ids for _ in range(2)]
     with httpx.Client(timeout=30) as client, ThreadPoolExecutor(8) as pool:
-        return list(pool.map(lambda d: _post(client, url, *d), deliveries))
+        return list(pool.map(lambda d: _post(client, url, d[0], d[1], prefix), deliveries))
 
 
 def _assert_stored_once(db: sa.Engine, event_ids: list[str], answers: list[httpx.Response]) -> None:
@@ -104,16 +112,19 @@ def test_under_gunicorn_each_event_is_stored_once_and_refusals_store_nothing(
     assert _event_ids(db) == Counter([*event_ids, "evt_big"])
 
 
+@pytest.mark.parametrize("prefix", ["webhooks", "async-webhooks"], ids=["sync-view", "async-view"])
 def test_under_asgi_each_event_is_stored_once(
-    project: str, db: sa.Engine, tmp_path: Path, procs: list[Proc]
+    project: str, db: sa.Engine, tmp_path: Path, procs: list[Proc], prefix: str
 ) -> None:
     url = django_support.start_uvicorn(procs, project, tmp_path)
     event_ids = [f"evt_asgi_{i}" for i in range(20)]
-    _assert_stored_once(db, event_ids, _deliver_twice_concurrently(url, event_ids))
+    _assert_stored_once(db, event_ids, _deliver_twice_concurrently(url, event_ids, prefix))
     with httpx.Client(timeout=30) as client:
         body, headers = stripe_delivery("evt_forged")
-        forged = _post(client, url, body, {**headers, "stripe-signature": "t=1,v1=00"})
+        forged = _post(client, url, body, {**headers, "stripe-signature": "t=1,v1=00"}, prefix)
         _problem(forged, 401, "signature")
+        _problem(client.get(f"{url}/{prefix}/stripe"), 405, "method")
+        _problem(client.post(f"{url}/{prefix}/nobody", content=b"{}"), 404, "unknown-provider")
     assert _event_ids(db) == Counter(event_ids)
 
 

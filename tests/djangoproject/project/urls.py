@@ -19,5 +19,7 @@ def bare(request: HttpRequest) -> HttpResponse:
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("webhooks/", include("onceonly.contrib.django.urls")),
+    # The async view, for ASGI servers (tests/acceptance/test_django_receive.py).
+    path("async-webhooks/", include("onceonly.contrib.django.asgi_urls", namespace="async")),
     path("bare/", bare),
 ]

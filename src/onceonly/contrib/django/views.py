@@ -6,12 +6,16 @@ commit, 503 with ``Retry-After`` when the database is away, problem documents
 for the rest. The inbox runs on the process's :class:`~onceonly.inbox_thread.
 InboxThread`, so the threads of a WSGI server share its group commit.
 
+:func:`receive_async` is the same view for ASGI servers
+(``onceonly.contrib.django.asgi_urls``).
+
 CSRF-exempt: a provider has no CSRF token; the signature over the raw body is
 the authentication.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from urllib.parse import parse_qsl
@@ -26,7 +30,7 @@ from ...inbox_thread import InboxThread
 from ...reception import METHOD_NOT_ALLOWED, Answer, Reception
 from .conf import get_app
 
-__all__ = ["receive"]
+__all__ = ["receive", "receive_async"]
 
 
 class _Current:
@@ -53,24 +57,44 @@ def _reception() -> Reception:
 
 @csrf_exempt
 def receive(request: HttpRequest, provider: str) -> HttpResponse:
-    """One delivery to `provider`; any method but POST gets 405."""
-    if request.method != "POST":
-        return _response(METHOD_NOT_ALLOWED)
+    """One delivery to `provider`, for WSGI (and ASGI); any method but POST gets 405."""
     reception = _reception()
+    delivery = _delivery(request, provider, reception)
+    if isinstance(delivery, Answer):
+        return _response(delivery)
+    return _response(InboxThread.shared().run(reception.receive(delivery)))
+
+
+@csrf_exempt
+async def receive_async(request: HttpRequest, provider: str) -> HttpResponse:
+    """:func:`receive` as an async view, for ASGI servers: the request waits
+    for its commit without holding a thread (Django runs a sync view on one
+    thread for all requests under ASGI, so they would commit one by one)."""
+    reception = _reception()
+    delivery = _delivery(request, provider, reception)
+    if isinstance(delivery, Answer):
+        return _response(delivery)
+    stored = InboxThread.shared().submit(reception.receive(delivery))
+    return _response(await asyncio.wrap_future(stored))
+
+
+def _delivery(request: HttpRequest, provider: str, reception: Reception) -> Delivery | Answer:
+    """The request as a delivery, or the answer that refuses it (nothing stored)."""
+    if request.method != "POST":
+        return METHOD_NOT_ALLOWED
     try:
         reception.inbox.provider(provider)  # 404 before reading the body
         headers = _headers(request, reception.max_header_bytes)
         body = _body(request, headers, reception.max_body_bytes)
     except DeliveryRejected as exc:
-        return _response(reception.rejected(provider, exc))
+        return reception.rejected(provider, exc)
     raw_query = request.META.get("QUERY_STRING", "")
-    delivery = Delivery(
+    return Delivery(
         provider=provider,
         body=body,
         headers=headers,
         query=dict(parse_qsl(raw_query)) if raw_query else {},
     )
-    return _response(InboxThread.shared().run(reception.receive(delivery)))
 
 
 def _headers(request: HttpRequest, limit: int) -> dict[str, str]:
