@@ -88,8 +88,15 @@ def _problem(response: httpx.Response, status: int, reason: str) -> None:
 def test_under_gunicorn_each_event_is_stored_once_and_refusals_store_nothing(
     project: str, db: sa.Engine, tmp_path: Path, procs: list[Proc]
 ) -> None:
+    # --preload: the project is imported (handlers registered, the
+    # application built) in the master, then forked into the workers.
     url = django_support.start_gunicorn(
-        procs, project, tmp_path, workers=2, ONCEONLY_MAX_BODY_BYTES=str(LIMIT)
+        procs,
+        project,
+        tmp_path,
+        workers=2,
+        extra=("--preload",),
+        ONCEONLY_MAX_BODY_BYTES=str(LIMIT),
     )
     event_ids = [f"evt_wsgi_{i}" for i in range(20)]
     _assert_stored_once(db, event_ids, _deliver_twice_concurrently(url, event_ids))
