@@ -109,6 +109,9 @@ def test_under_gunicorn_each_event_is_stored_once_and_refusals_store_nothing(
         assert client.get(f"{url}/webhooks/stripe").headers["allow"] == "POST"
         _problem(client.post(f"{url}/webhooks/nobody", content=b"{}"), 404, "unknown-provider")
         _problem(_post(client, url, *signed(b"not json")), 400, "payload")
+        # Over onceonly's 32 KiB of headers (each under gunicorn's own limit).
+        padded = {**headers, **{f"x-pad-{i}": "p" * 7000 for i in range(5)}}
+        _problem(_post(client, url, body, padded), 431, "headers-too-large")
         # Django's own limit (DATA_UPLOAD_MAX_MEMORY_SIZE) does not apply:
         # onceonly's does, with onceonly's answers.
         padding = "x" * BIG
