@@ -1,6 +1,6 @@
 """Receive throughput through Django: onceonly's URL against a bare Django view.
 
-    python benchmarks/receive_django.py [--engine sqlite|postgresql] [--duration 10]
+    python benchmarks/receive_django.py [--engine sqlite|postgresql] [--rounds 3] [--duration 6]
 
 One gunicorn serves the test project (tests/djangoproject: the full default
 middleware stack, CSRF included) with the same settings for both targets, one
@@ -11,11 +11,14 @@ after the other in the same run:
             verifying each Stripe signature and storing each event (group
             commit on each process's inbox thread) before its 200.
 
+The two alternate for --rounds rounds (bare first in odd rounds, onceonly
+first in even ones), so load from elsewhere on a shared machine falls on both.
 The requests are benchmarks/receive.py's: distinct, pre-signed Stripe events
 cycled by benchmarks/receive.lua, disjoint slices for every phase, so each
 onceonly 2xx is a fresh insert. Its rows are checked against what wrk sent
 (rows == 2xx + requests in flight at wrk's stop), as receive.py does. The
-figure is the ratio of requests/s, onceonly to bare.
+figure is the ratio of requests/s, onceonly to bare: per round, and the
+median.
 
 Needs wrk (apt-get install wrk) and the test extra (django, gunicorn).
 
@@ -25,10 +28,10 @@ Exit status: 0 all checks passed, 1 a check failed, 2 the benchmark could not ru
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import platform
 import signal
+import statistics
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -69,7 +72,12 @@ PATHS = {"bare": "/bare/", "onceonly": "/webhooks/stripe"}
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = parser_for("python benchmarks/receive_django.py", __doc__)
     parser.add_argument("--engine", choices=["sqlite", "postgresql"], default="sqlite")
-    parser.add_argument("--duration", type=int, default=10, help="seconds measured per target")
+    parser.add_argument(
+        "--duration", type=int, default=6, help="seconds measured per target and round"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds of bare then onceonly (alternating order)"
+    )
     parser.add_argument("--warmup", type=int, default=2, help="seconds of load before each")
     parser.add_argument("--connections", type=int, default=32, help="wrk connections (-c)")
     parser.add_argument("--threads", type=int, default=1, help="wrk threads (-t)")
@@ -86,8 +94,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add_wait_quiet(parser)
     add_run_options(parser)
     args = parser.parse_args(argv)
-    if args.duration < 1 or args.warmup < 0 or args.workers < 1 or args.worker_threads < 1:
-        parser.error("needs --duration >= 1, --warmup >= 0, --workers >= 1, --worker-threads >= 1")
+    if min(args.duration, args.rounds, args.workers, args.worker_threads) < 1 or args.warmup < 0:
+        parser.error("needs --duration, --rounds, --workers, --worker-threads >= 1, --warmup >= 0")
     check_common(parser, args)
     return args
 
@@ -135,14 +143,15 @@ def measure(args: argparse.Namespace, run: Workspace, wrk: str) -> int:
     )
     log(f"signing {args.events:,} events")
     requests = write_requests(run.workdir / "requests.txt", args.events, SECRET)
-    # Four disjoint slices: warm-up and measurement of each target.
-    quarter = math.floor(args.events / 4)
-    slices = {
-        ("bare", "warm-up"): (0, quarter),
-        ("bare", "measured"): (quarter, 2 * quarter),
-        ("onceonly", "warm-up"): (2 * quarter, 3 * quarter),
-        ("onceonly", "measured"): (3 * quarter, 4 * quarter),
-    }
+    # Disjoint slices of the events: a warm-up per target, then one per
+    # target and round. The two targets alternate, round after round, so a
+    # load that comes and goes on a shared machine falls on both alike.
+    phases = [("bare", "warm-up"), ("onceonly", "warm-up")]
+    for n in range(1, args.rounds + 1):
+        order = ("bare", "onceonly") if n % 2 else ("onceonly", "bare")
+        phases += [(target, f"round {n}") for target in order]
+    size = args.events // len(phases)
+    slices = {phase: (i * size, (i + 1) * size) for i, phase in enumerate(phases)}
     port = free_port()
     worker_class = "gthread" if args.worker_threads > 1 else "sync"
     gunicorn = [
@@ -161,60 +170,63 @@ def measure(args: argparse.Namespace, run: Workspace, wrk: str) -> int:
         "--log-level",
         "warning",
     ]
-    results: dict[str, WrkResult] = {}
+    results: dict[tuple[str, str], WrkResult] = {}
     ready = ("POST", PATHS["bare"], b"{}")
     with server(
         run.procs, "gunicorn", gunicorn, port=port, env=env, cwd=run.workdir, ready=ready
     ) as srv:
-        for target in ("bare", "onceonly"):
-            if args.wait_quiet:
-                wait_for_quiet(args.wait_quiet)
-            for phase, seconds in (("warm-up", args.warmup), ("measured", args.duration)):
-                if not seconds:
-                    continue
-                first, last = slices[(target, phase)]
-                log(f"[{target}] {phase} {seconds} s")
-                results[f"{target} {phase}"] = _wrk(
-                    run, wrk, port, PATHS[target], requests, first, last, seconds, args
-                )
+        if args.wait_quiet:
+            wait_for_quiet(args.wait_quiet)
+        for target, phase in phases:
+            seconds = args.warmup if phase == "warm-up" else args.duration
+            if not seconds:
+                continue
+            first, last = slices[(target, phase)]
+            log(f"[{target}] {phase} {seconds} s")
+            results[(target, phase)] = _wrk(
+                run, wrk, port, PATHS[target], requests, first, last, seconds, args
+            )
         # SIGTERM: gunicorn's graceful stop, every request in flight answered.
         srv.proc.send_signal(signal.SIGTERM)
         srv.proc.wait(60)
     problems: list[str] = []
-    for name, result in results.items():
+    for (target, phase), result in results.items():
         if result.non_2xx or any(result.socket_errors.values()):
             problems.append(
-                f"{name}: {result.non_2xx} non-2xx, socket errors {result.socket_errors}"
+                f"{target} {phase}: {result.non_2xx} non-2xx, socket errors {result.socket_errors}"
             )
-    phases = [p for p in ("warm-up", "measured") if f"onceonly {p}" in results]
+    checked = [phase for target, phase in results if target == "onceonly"]
     ranges = [
         (
             requests.event_id(slices[("onceonly", p)][0]),
             requests.event_id(slices[("onceonly", p)][1]),
         )
-        for p in phases
+        for p in checked
     ]
     total, per_phase = count_rows(database_url, ranges)
-    for phase, rows in zip(phases, per_phase, strict=True):
-        check = check_rows(phase, rows, results[f"onceonly {phase}"], args.connections)
+    for phase, rows in zip(checked, per_phase, strict=True):
+        check = check_rows(phase, rows, results[("onceonly", phase)], args.connections)
         problems += check.problems
         print(f"rows onceonly {phase}: {rows} = {check.ok_2xx} 2xx + {check.in_flight} in flight")
     if total != sum(per_phase):
         problems.append(f"{total - sum(per_phase)} rows this run never sent")
-    bare, onceonly = results["bare measured"], results["onceonly measured"]
     print(
         f"\nreceive through Django: gunicorn {dist_version('gunicorn')} ({args.workers} "
         f"{worker_class} workers x {args.worker_threads} threads), Django "
         f"{dist_version('django')}, Python {platform.python_version()}, {os.cpu_count()} CPUs, "
-        f"{args.engine}; wrk -t{args.threads} -c{args.connections} -d{args.duration}s"
+        f"{args.engine}; wrk -t{args.threads} -c{args.connections} -d{args.duration}s per round"
     )
-    for name, r in (("bare", bare), ("onceonly", onceonly)):
+    ratios = []
+    for n in range(1, args.rounds + 1):
+        bare, onceonly = results[("bare", f"round {n}")], results[("onceonly", f"round {n}")]
+        ratio = onceonly.rps / bare.rps if bare.rps else 0.0
+        ratios.append(ratio)
         print(
-            f"{name:<10}{r.rps:>10,.0f} req/s  p50 {r.latency_ms['p50']:.2f} ms  "
-            f"p99 {r.latency_ms['p99']:.2f} ms"
+            f"round {n}: bare {bare.rps:>7,.0f} req/s (p99 {bare.latency_ms['p99']:.1f} ms)  "
+            f"onceonly {onceonly.rps:>7,.0f} req/s (p50 {onceonly.latency_ms['p50']:.1f} ms, "
+            f"p99 {onceonly.latency_ms['p99']:.1f} ms)  ratio {ratio:.2f}"
         )
-    ratio = onceonly.rps / bare.rps if bare.rps else 0.0
-    print(f"ratio onceonly / bare: {ratio:.2f}")
+    print(f"ratio onceonly / bare, median of {args.rounds} rounds: {statistics.median(ratios):.2f}")
     for problem in problems:
         print(f"!!! CHECK FAILED: {problem.upper()}", file=sys.stderr)
     return 1 if problems else 0
