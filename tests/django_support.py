@@ -56,10 +56,18 @@ def setup(postgres_url: str | None) -> None:
         return
     if str(PROJECT) not in sys.path:
         sys.path.insert(0, str(PROJECT))
-    os.environ.update(database_env(f"sqlite:///{_SQLITE_FILE}"))
+    given = database_env(f"sqlite:///{_SQLITE_FILE}")
     if postgres_url:
-        os.environ["ONCEONLY_TEST_DJANGO_POSTGRES"] = postgres_url
-    django.setup()
+        given["ONCEONLY_TEST_DJANGO_POSTGRES"] = postgres_url
+    os.environ.update(given)
+    try:
+        django.setup()
+    finally:
+        # Read once, by the set-up: left in the environment, they would reach
+        # every subprocess a later test starts (a Celery worker then loads
+        # Django's fixup and fails on a project it cannot import).
+        for name in given:
+            os.environ.pop(name, None)
 
 
 @contextlib.contextmanager

@@ -3,8 +3,8 @@
 The same answers as ``onceonly serve`` (see :mod:`onceonly.receiver`), decided
 by the same :class:`~onceonly.reception.Reception`: 200 only after the event's
 commit, 503 with ``Retry-After`` when the database is away, problem documents
-for the rest. The inbox runs on the process's :class:`~onceonly.inbox_thread.
-InboxThread`, so the threads of a WSGI server share its group commit.
+for the rest. The inbox runs on the process's :func:`~onceonly._threads.
+background_loop`, so the threads of a WSGI server share its group commit.
 
 :func:`receive_async` is the same view for ASGI servers
 (``onceonly.contrib.django.asgi_urls``).
@@ -24,9 +24,9 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from ..._exceptions import BodyTooLarge, DeliveryRejected, HeadersTooLarge
+from ..._threads import background_loop
 from ...config import Onceonly
 from ...events import Delivery
-from ...inbox_thread import InboxThread
 from ...reception import METHOD_NOT_ALLOWED, Answer, Reception
 from .conf import get_app
 
@@ -51,7 +51,7 @@ def _reception() -> Reception:
         if _Current.reception is None or _Current.app is not app or _Current.pid != os.getpid():
             _Current.reception = Reception(app.inbox, app.metrics, app.settings.receiver)
             _Current.app, _Current.pid = app, os.getpid()
-            InboxThread.shared().on_close(app.store.close)
+            background_loop().on_close(app.store.close)
         return _Current.reception
 
 
@@ -62,7 +62,7 @@ def receive(request: HttpRequest, provider: str) -> HttpResponse:
     delivery = _delivery(request, provider, reception)
     if isinstance(delivery, Answer):
         return _response(delivery)
-    return _response(InboxThread.shared().run(reception.receive(delivery)))
+    return _response(background_loop().run(reception.receive(delivery)))
 
 
 @csrf_exempt
@@ -74,7 +74,7 @@ async def receive_async(request: HttpRequest, provider: str) -> HttpResponse:
     delivery = _delivery(request, provider, reception)
     if isinstance(delivery, Answer):
         return _response(delivery)
-    stored = InboxThread.shared().submit(reception.receive(delivery))
+    stored = background_loop().submit(reception.receive(delivery))
     return _response(await asyncio.wrap_future(stored))
 
 
