@@ -12,11 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import httpx
+
+from processes import Proc
+from support import free_port
 
 PROJECT = Path(__file__).resolve().parent / "djangoproject"
 _SQLITE_FILE = Path(tempfile.mkdtemp(prefix="onceonly-django-")) / "default.sqlite3"
@@ -49,10 +56,18 @@ def setup(postgres_url: str | None) -> None:
         return
     if str(PROJECT) not in sys.path:
         sys.path.insert(0, str(PROJECT))
-    os.environ.update(database_env(f"sqlite:///{_SQLITE_FILE}"))
+    given = database_env(f"sqlite:///{_SQLITE_FILE}")
     if postgres_url:
-        os.environ["ONCEONLY_TEST_DJANGO_POSTGRES"] = postgres_url
-    django.setup()
+        given["ONCEONLY_TEST_DJANGO_POSTGRES"] = postgres_url
+    os.environ.update(given)
+    try:
+        django.setup()
+    finally:
+        # Read once, by the set-up: left in the environment, they would reach
+        # every subprocess a later test starts (a Celery worker then loads
+        # Django's fixup and fails on a project it cannot import).
+        for name in given:
+            os.environ.pop(name, None)
 
 
 @contextlib.contextmanager
@@ -83,3 +98,149 @@ def django_alias(engine: str, postgres_url: str | None) -> Iterator[str]:
         finally:
             connections.close_all()
             reset()
+
+
+def deliver(deliveries: list[tuple[bytes, dict[str, str]]]) -> list[bool]:
+    """Store signed Stripe deliveries through the project's inbox, in process;
+    for each, whether it was a duplicate."""
+    import asyncio
+
+    from onceonly.contrib.django import get_app
+    from onceonly.events import Delivery
+
+    app = get_app()
+
+    async def receive() -> list[bool]:
+        try:
+            receipts = await asyncio.gather(
+                *(app.inbox.receive(Delivery("stripe", b, h, {})) for b, h in deliveries)
+            )
+        finally:
+            await app.store.close()
+        return [r.duplicate for r in receipts]
+
+    return asyncio.run(receive())
+
+
+def run_worker_until_idle(alias: str, **options: Any) -> None:
+    """The project's worker, as ``manage.py onceonly_worker --until-idle`` runs
+    it, in this process."""
+    from onceonly.contrib.django import get_app
+    from onceonly.contrib.django.transactions import DjangoTransactions
+
+    app = get_app()
+    # Polled often: a failed event's retries are due within a fraction of a
+    # second (the project's retry_base), and PostgreSQL's NOTIFY only says
+    # "new event".
+    options.setdefault("poll_interval", 0.05)
+    app.worker(transactions=DjangoTransactions(alias), **options).run_until_idle(30)
+    app.engine.dispose()
+
+
+# The project as subprocesses: manage.py, gunicorn (WSGI), uvicorn (ASGI).
+
+
+def manage(url: str, cwd: Path, *args: str, **env: str) -> str:
+    """Run ``manage.py`` on the project with its database at `url`; its output."""
+    done = subprocess.run(
+        [sys.executable, str(PROJECT / "manage.py"), *args],
+        env=project_env(url, **env),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"manage.py {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+    return done.stdout + done.stderr
+
+
+def _start(procs: list[Proc], name: str, args: list[str], url: str, cwd: Path, **env: str) -> Proc:
+    log = cwd / f"{name}.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            args,
+            env=project_env(url, PYTHONUNBUFFERED="1", **env),
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    proc = Proc(name, process, log)
+    procs.append(proc)
+    return proc
+
+
+def _wait_until_serving(proc: Proc, base: str) -> str:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            # 405: the project is up and the onceonly include answers.
+            if httpx.get(f"{base}/webhooks/stripe", timeout=1).status_code == 405:
+                return base
+        except httpx.TransportError:
+            pass
+        if not proc.alive() or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"{proc.name} did not come up:\n{proc.output()[-5000:]}")
+        time.sleep(0.1)
+
+
+def start_gunicorn(
+    procs: list[Proc],
+    url: str,
+    cwd: Path,
+    *,
+    workers: int = 2,
+    threads: int = 1,
+    extra: tuple[str, ...] = (),
+    **env: str,
+) -> str:
+    """gunicorn serving ``project.wsgi`` (sync workers; gthread with `threads` > 1)."""
+    port = free_port()
+    args = [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "project.wsgi:application",
+        "--bind",
+        f"127.0.0.1:{port}",
+        "--workers",
+        str(workers),
+        "--threads",
+        str(threads),
+        "--worker-class",
+        "gthread" if threads > 1 else "sync",
+        "--log-level",
+        "warning",
+        *extra,
+    ]
+    proc = _start(procs, "gunicorn", args, url, cwd, **env)
+    return _wait_until_serving(proc, f"http://127.0.0.1:{port}")
+
+
+def start_uvicorn(procs: list[Proc], url: str, cwd: Path, **env: str) -> str:
+    """uvicorn serving ``project.asgi``."""
+    port = free_port()
+    args = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "project.asgi:application",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--lifespan",
+        "off",
+    ]
+    proc = _start(procs, "uvicorn", args, url, cwd, **env)
+    return _wait_until_serving(proc, f"http://127.0.0.1:{port}")
+
+
+def start_worker(procs: list[Proc], name: str, url: str, cwd: Path, *args: str, **env: str) -> Proc:
+    """``manage.py onceonly_worker`` (named ``worker-...``: Proc.stop waits for its start)."""
+    command = [sys.executable, str(PROJECT / "manage.py"), "onceonly_worker", *args]
+    return _start(procs, name, command, url, cwd, **env)

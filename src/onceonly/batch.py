@@ -11,6 +11,11 @@ The batch runs in as few transactions as the transaction budget allows, each:
    failures, and commits once.
 
 So a handler's writes and its event's mark commit together (G3).
+
+Whose transaction that is, is a :class:`Transactions`: by default
+onceonly's own engine (:class:`OwnTransactions`); a web framework can lend its
+own connection instead, so that its ORM's writes share the commit (the Django
+app's worker does: :mod:`onceonly.contrib.django.transactions`).
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ import asyncio
 import logging
 import time
 import traceback
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .clients import Target
 from .context import AttemptServices, Context, HandlerSavepoints
@@ -35,7 +41,7 @@ if TYPE_CHECKING:
     from .deployment import Deployment
     from .outbox import OutboxRunner
 
-__all__ = ["BatchProcessor", "Claimed"]
+__all__ = ["BatchProcessor", "Claimed", "OwnTransactions", "Transactions"]
 
 log = logging.getLogger("onceonly.worker")
 
@@ -47,6 +53,33 @@ _LONGEST_TRANSACTION = 0.25
 
 #: What one attempt came to: the handler's name, or (error, handler name).
 Outcome = str | tuple[Exception, str | None]
+
+
+class Transactions(Protocol):
+    """Where a batch's handlers run and their events' marks commit."""
+
+    def open(self, what: str) -> AbstractContextManager[sa.Connection]:
+        """A transaction, committed when the block ends normally and rolled
+        back otherwise; its own failures raise :class:`~onceonly.StoreError`."""
+
+    def run_async(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run an async handler's coroutine to its end on the calling thread's
+        behalf (its database work must land in the open transaction)."""
+
+
+class OwnTransactions:
+    """The default: transactions of onceonly's own engine; async handlers on
+    the worker thread's event loop."""
+
+    def __init__(self, engine: sa.Engine, loop: Callable[[], asyncio.AbstractEventLoop]) -> None:
+        self.engine = engine
+        self._loop = loop
+
+    def open(self, what: str) -> AbstractContextManager[sa.Connection]:
+        return transaction(self.engine, what)
+
+    def run_async(self, work: Coroutine[Any, Any, None]) -> None:
+        self._loop().run_until_complete(work)
 
 
 class BatchProcessor:
@@ -63,9 +96,11 @@ class BatchProcessor:
         outbox: OutboxRunner,
         loop: Callable[[], asyncio.AbstractEventLoop],
         delay: Callable[[int], float],
+        transactions: Transactions | None = None,
     ) -> None:
         self.app = app
         self.engine = app.engine
+        self.transactions = transactions or OwnTransactions(self.engine, loop)
         self.queue = queue
         self.owner = owner
         self.transaction_budget = transaction_budget
@@ -108,7 +143,7 @@ class BatchProcessor:
         try:
             # The transaction's own failures (BEGIN, the write lock, COMMIT)
             # leave it as StoreError, like its statements'.
-            with transaction(self.engine, "processing events") as conn:
+            with self.transactions.open("processing events") as conn:
                 started = time.monotonic()  # the lock is held from here on
                 held = self.queue.lock_events(conn, batch)
                 savepoints = HandlerSavepoints(conn)
@@ -202,7 +237,7 @@ class BatchProcessor:
         started = time.perf_counter()
         try:
             if registration.is_async:
-                self._loop().run_until_complete(registration.handler(event, ctx))
+                self.transactions.run_async(registration.handler(event, ctx))
             else:
                 registration.handler(event, ctx)
             ctx.flush()

@@ -69,6 +69,7 @@ from .store import Store, create_store
 from .store.engine import create_engine, engine_kind
 
 if TYPE_CHECKING:
+    from .batch import Transactions
     from .dashboard import Dashboard
     from .guard import Guard
     from .ledger import EffectLedger
@@ -382,8 +383,11 @@ class Onceonly:
         poll_interval: float | None = None,
         name: str | None = None,
         transaction_budget: float | None = None,
+        transactions: Transactions | None = None,
     ) -> Worker:
-        """A :class:`~onceonly.worker.Worker` for this deployment's handlers."""
+        """A :class:`~onceonly.worker.Worker` for this deployment's handlers
+        (`transactions`: whose transactions its batches run in; see
+        :class:`~onceonly.batch.Transactions`)."""
         from .worker import Worker
 
         self._composed = True
@@ -394,6 +398,7 @@ class Onceonly:
             poll_interval=poll_interval,
             name=name,
             transaction_budget=transaction_budget,
+            transactions=transactions,
         )
 
     def guard(

@@ -36,9 +36,10 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
 from ._exceptions import BodyTimeout, DeliveryRejected, StoreError
-from .asgi import Receive, Scope, Send, lower_headers, read_body, send_problem, send_response
+from .asgi import Receive, Scope, Send, lower_headers, read_body, send_response
 from .events import Delivery
 from .metrics import MetricsEndpoint
+from .reception import METHOD_NOT_ALLOWED, NOT_FOUND, Answer, Reception
 from .settings import ReceiverSettings
 
 if TYPE_CHECKING:
@@ -83,10 +84,8 @@ class Receiver:
         self.serve_metrics = serve_metrics
         self._metrics_endpoint = MetricsEndpoint(self.metrics)
         self.prefix = prefix.rstrip("/")
-        self.max_body_bytes = settings.max_body_bytes
-        self.max_header_bytes = settings.max_header_bytes
-        self.body_timeout = settings.body_timeout
-        self._retry_after = str(settings.retry_after).encode()
+        #: The answers (shared with the framework views: one table).
+        self.reception = Reception(inbox, metrics, settings)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -133,7 +132,7 @@ class Receiver:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         provider = self._route(scope)
         if provider is None:
-            await send_problem(send, 404, "not-found", "Not Found", "no such route")
+            await _send(send, NOT_FOUND)
             return
         if provider == "":
             await self._health(send)
@@ -142,59 +141,34 @@ class Receiver:
             await self._metrics_endpoint(scope, receive, send)
             return
         if scope["method"] != "POST":
-            await send_problem(
-                send, 405, "method", "Method Not Allowed", "use POST", [(b"allow", b"POST")]
-            )
+            await _send(send, METHOD_NOT_ALLOWED)
             return
+        reception = self.reception
         try:
             self.inbox.provider(provider)  # 404 before reading the body
-            headers = lower_headers(scope, self.max_header_bytes)
+            headers = lower_headers(scope, reception.max_header_bytes)
             try:
                 # A sender trickling its body must not hold the connection
                 # (and the request's memory) for as long as it likes.
-                async with asyncio.timeout(self.body_timeout):
-                    body = await read_body(headers, receive, self.max_body_bytes)
+                async with asyncio.timeout(reception.body_timeout):
+                    body = await read_body(headers, receive, reception.max_body_bytes)
             except TimeoutError:
                 raise BodyTimeout(
-                    f"the body did not arrive within {self.body_timeout:g} s"
+                    f"the body did not arrive within {reception.body_timeout:g} s"
                 ) from None
-            if body is None:
-                return  # the client disconnected; there is nobody to answer
-            raw_query: bytes = scope.get("query_string", b"")
-            delivery = Delivery(
-                provider=provider,
-                body=body,
-                headers=headers,
-                query=dict(parse_qsl(raw_query.decode("latin-1"))) if raw_query else {},
-            )
-            receipt = await self.inbox.receive(delivery)
         except DeliveryRejected as exc:
-            self.metrics.rejected(provider, exc.reason)
-            log.debug("rejected delivery to %s: %s", provider, exc.detail)
-            await send_problem(
-                send, exc.status, exc.reason, _TITLES.get(exc.reason, "Rejected"), exc.detail
-            )
+            await _send(send, reception.rejected(provider, exc))
             return
-        except StoreError as exc:
-            self.metrics.rejected(provider, "unavailable")
-            log.warning("database unavailable, answering 503: %s", exc)
-            await send_problem(
-                send,
-                503,
-                "unavailable",
-                "Service Unavailable",
-                "the event could not be stored; retry later",
-                [(b"retry-after", self._retry_after)],
-            )
-            return
-        self.metrics.accepted(provider, duplicate=receipt.duplicate)
-        duplicate = b"true" if receipt.duplicate else b"false"
-        await send_response(
-            send,
-            200,
-            b'{"received":true,"duplicate":' + duplicate + b"}",
-            [_JSON, (b"onceonly-duplicate", duplicate)],
+        if body is None:
+            return  # the client disconnected; there is nobody to answer
+        raw_query: bytes = scope.get("query_string", b"")
+        delivery = Delivery(
+            provider=provider,
+            body=body,
+            headers=headers,
+            query=dict(parse_qsl(raw_query.decode("latin-1"))) if raw_query else {},
         )
+        await _send(send, await reception.receive(delivery))
 
     async def _health(self, send: Send) -> None:
         try:
@@ -204,24 +178,10 @@ class Receiver:
             # Unauthenticated and often public: it says up or down, and
             # nothing about the deployment (host, user, database, engine).
             log.warning("health check: database unavailable: %s", exc)
-            await send_problem(
-                send,
-                503,
-                "unavailable",
-                "Service Unavailable",
-                "the database is not reachable",
-                [(b"retry-after", self._retry_after)],
-            )
+            await _send(send, self.reception.unhealthy)
             return
         await send_response(send, 200, b'{"status":"ok"}', [_JSON])
 
 
-_TITLES = {
-    "signature": "Invalid Signature",
-    "payload": "Invalid Payload",
-    "unknown-provider": "Unknown Provider",
-    "too-large": "Payload Too Large",
-    "headers-too-large": "Request Header Fields Too Large",
-    "body-timeout": "Request Timeout",
-    "rejected": "Rejected",
-}
+async def _send(send: Send, answer: Answer) -> None:
+    await send_response(send, answer.status, answer.body, list(answer.headers))

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from ._exceptions import LeaseLost, StoreError, StoreUnavailable
 from .backoff import backoff
-from .batch import BatchProcessor, Claimed
+from .batch import BatchProcessor, Claimed, Transactions
 from .leases import LeaseKeeper
 from .outbox import OutboxRunner
 from .store import migrate_blocking
@@ -54,7 +54,13 @@ log = logging.getLogger("onceonly.worker")
 
 
 class Worker:
-    """Processes events for one :class:`~onceonly.Onceonly` until stopped."""
+    """Processes events for one :class:`~onceonly.Onceonly` until stopped.
+
+    `transactions` is where each batch's handlers run and its marks commit
+    (:class:`~onceonly.batch.Transactions`); by default, onceonly's own engine.
+    Claims, leases, the effect ledger and the outbox runner use that engine
+    in any case.
+    """
 
     def __init__(
         self,
@@ -65,6 +71,7 @@ class Worker:
         poll_interval: float | None = None,
         name: str | None = None,
         transaction_budget: float | None = None,
+        transactions: Transactions | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -125,6 +132,7 @@ class Worker:
             outbox=self.outbox,
             loop=self._loop,
             delay=self._delay,
+            transactions=transactions,
         )
         self.leases = LeaseKeeper(
             self.engine,

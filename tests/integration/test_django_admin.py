@@ -36,6 +36,8 @@ class Shop:
     app: Onceonly
     #: event_id -> row id
     pk: dict[str, int]
+    #: The app's twin whose one handler fails ``charge.failed`` events.
+    runner: Onceonly
 
     def status(self, event_id: str) -> tuple[str, int]:
         row = self.row(
@@ -91,9 +93,11 @@ def shop(engine: str, database_url: str) -> Iterator[Shop]:
             from onceonly.contrib.django import get_app
 
             app = get_app()
+            shop = _shop(alias, app)
             try:
-                yield _shop(alias, app)
+                yield shop
             finally:
+                shop.runner.engine.dispose()
                 app.engine.dispose()
 
 
@@ -106,24 +110,29 @@ def _shop(alias: str, app: Onceonly) -> Shop:
         NewEvent("stripe", "evt_old", "charge.succeeded", body, headers),
     )
 
-    @app.handler("stripe")
+    # The project's handlers (payments/webhooks.py) stay registered in the
+    # app's registry for the whole run; this one runs on a twin with a
+    # registry of its own, on the same database and settings.
+    runner = Onceonly(settings=app.settings)
+
+    @runner.handler("stripe")
     def handle(event: Event, ctx: Context) -> None:
         if event.event_type == "charge.failed":
             raise ValueError("card declined by a bug")
 
-    app.worker().run_until_idle()
+    runner.worker().run_until_idle()
     from django.core.management import call_command
 
     # The old event's payload goes the way retention sends it (the dead one
     # keeps its own: purge touches processed events only).
     call_command("onceonly_purge", "--older-than", "0s", stdout=io.StringIO())
     _insert(app, NewEvent("stripe", "evt_paid", "charge.succeeded", body, headers))
-    app.worker().run_until_idle()
+    runner.worker().run_until_idle()
     _insert(app, NewEvent("github", "evt_new", "push", b"{}", {}))
     from onceonly.contrib.django.models import Event as EventRow
 
     pk = dict(EventRow.objects.using(alias).values_list("event_id", "id"))
-    shop = Shop(alias, app, pk)
+    shop = Shop(alias, app, pk, runner)
     assert [shop.status(e) for e in ("evt_dead", "evt_old", "evt_paid", "evt_new")] == [
         ("dead", 1),
         ("processed", 1),
@@ -208,7 +217,7 @@ def test_replay_action_requeues_and_names_what_it_could_not(shop: Shop) -> None:
     assert shop.status("evt_old") == ("processed", 1)
 
     # The worker takes it again: the replayed event runs (and fails) once more.
-    shop.app.worker().run_until_idle()
+    shop.runner.worker().run_until_idle()
     assert shop.status("evt_dead") == ("dead", 1)
     assert shop.attempts("evt_dead") == ["dead", "dead"]
 

@@ -3,10 +3,7 @@ client declares; and the background loop WSGI threads share."""
 
 from __future__ import annotations
 
-import asyncio
 import io
-import os
-import threading
 from typing import Any
 
 import pytest
@@ -92,34 +89,6 @@ def test_headers_come_lower_case_with_the_unprefixed_two() -> None:
 def test_status_lines() -> None:
     assert status_line(201) == "201 Created"
     assert status_line(299) == "299 Status 299"
-
-
-def test_all_threads_share_one_loop_and_a_forked_child_starts_its_own() -> None:
-    async def which() -> int:
-        return id(asyncio.get_running_loop())
-
-    seen: list[int] = []
-    threads = [threading.Thread(target=lambda: seen.append(background_loop().run(which())))
-               for _ in range(4)]  # fmt: skip
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(set(seen)) == 1
-    parent = background_loop()
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: the parent's loop thread did not come along
-        try:
-            loop = background_loop()
-            ok = loop is not parent and loop.run(which()) == id(loop.loop)
-            os.write(write, b"1" if ok else b"0")
-        finally:
-            os._exit(0)
-    os.close(write)
-    answer = os.read(read, 1)
-    os.waitpid(pid, 0)
-    assert answer == b"1"
 
 
 def test_the_path_is_the_one_asgi_would_give() -> None:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .._version import __version__
 from .options import LOG_LEVEL, app_options, configure_logging, errors, fail_cleanly, load
 
-__all__ = ["serve", "worker"]
+if TYPE_CHECKING:
+    from ..config import Onceonly
+    from ..worker import Worker
+
+__all__ = ["run_worker", "serve", "worker"]
 
 
 @click.command()
@@ -159,20 +163,46 @@ def worker(
     rest, and exits. Run as many workers, on as many machines, as you like.
     """
     app = load(app_spec, database_url)
+    run_worker(
+        app,
+        app.worker(concurrency=concurrency),
+        log_level=log_level,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
+        no_handler_hint="Pass --app module:attribute.",
+    )
+
+
+def run_worker(
+    app: Onceonly,
+    runner: Worker,
+    *,
+    log_level: str,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
+    no_handler_hint: str = "",
+    until_idle: float | None = None,
+) -> None:
+    """Run `runner` in the foreground as ``onceonly worker`` does (also the
+    Django app's ``manage.py onceonly_worker``): logging, the warnings, the
+    metrics port, SIGTERM and Ctrl-C as a clean stop. With `until_idle`,
+    return once nothing is due (at most that many seconds)."""
     configure_logging(log_level)
-    runner = app.worker(concurrency=concurrency)
     # From here on SIGTERM means "stop cleanly", even while still starting up
     # (a deploy may stop a worker that has not claimed anything yet).
     runner.install_signals()
     if not len(app.handlers):
         errors.print(
             "[yellow]warning:[/yellow] no handler registered: events will be marked processed "
-            "as 'no handler registered'. Pass --app module:attribute."
+            f"as 'no handler registered'. {no_handler_hint}".rstrip()
         )
     # The tables are created or upgraded by run(), which waits for a database
     # that is down at start (like serve) instead of exiting.
-    errors.print(f"onceonly worker: database {app.store.url}, concurrency {concurrency}")
+    errors.print(f"onceonly worker: database {app.store.url}, concurrency {runner.concurrency}")
     if metrics_port is not None:
         app.metrics.serve(metrics_port, metrics_host)
         errors.print(f"metrics at http://{metrics_host}:{metrics_port}/metrics")
-    runner.run(install_signals=False)
+    if until_idle is not None:
+        runner.run_until_idle(until_idle)
+    else:
+        runner.run(install_signals=False)

@@ -45,7 +45,7 @@ def webhook_view(
     signature is what authenticates a delivery.
     """
     receiver = onceonly.receiver()
-    limit = receiver.max_body_bytes
+    limit = receiver.reception.max_body_bytes
 
     def view(provider: str) -> flask.Response:
         from flask import Response, request

@@ -7,6 +7,7 @@ subprocesses (gunicorn, ``manage.py``) and the in-process tests alike:
   (``sqlite:////abs/path.db`` or ``postgresql://user@host:port/db``);
 - ``ONCEONLY_TEST_DJANGO_POSTGRES`` (optional): a second alias,
   ``postgresql``, so one test process can run the same test on both engines;
+- ``ONCEONLY_TEST_DJANGO_SQLITE_TIMEOUT``: SQLite's lock wait, seconds (30);
 - ``ONCEONLY_TEST_DJANGO_ALIAS``: which alias holds onceonly's tables and the
   shop's (default ``default``); in-process tests switch with
   ``override_settings``.
@@ -31,7 +32,16 @@ USE_TZ = True
 def database(url: str) -> dict[str, Any]:
     """Django's DATABASES entry for an onceonly URL."""
     if url.startswith("sqlite:///"):
-        return {"ENGINE": "django.db.backends.sqlite3", "NAME": url.removeprefix("sqlite:///")}
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": url.removeprefix("sqlite:///"),
+            # What onceonly's worker requires on SQLite (docs/django.md): its
+            # transactions take the write lock up front, and wait for it.
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": float(os.environ.get("ONCEONLY_TEST_DJANGO_SQLITE_TIMEOUT", "30")),
+            },
+        }
     parts = urlsplit(url)
     return {
         "ENGINE": "django.db.backends.postgresql",

@@ -1,8 +1,9 @@
-"""The Django application config."""
+"""The Django application config: handlers found in each app's ``webhooks.py``."""
 
 from __future__ import annotations
 
 from django.apps import AppConfig
+from django.utils.module_loading import autodiscover_modules
 
 
 class OnceonlyConfig(AppConfig):
@@ -12,3 +13,8 @@ class OnceonlyConfig(AppConfig):
     label = "onceonly"
     verbose_name = "onceonly"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # As the admin finds admin.py: importing each installed app's
+        # webhooks.py registers its handlers, in the worker and the views alike.
+        autodiscover_modules("webhooks")

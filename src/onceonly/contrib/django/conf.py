@@ -16,6 +16,7 @@ The environment's ``ONCEONLY_*`` variables are read as in ``onceonly serve``.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +28,7 @@ from django.core.signals import setting_changed
 
 from ..._exceptions import ConfigurationError
 from ...config import Onceonly
+from ...handlers import HandlerRegistry
 
 __all__ = ["database_alias", "database_url_for", "get_app", "reset"]
 
@@ -38,6 +40,9 @@ class _Built:
 
     lock = threading.Lock()
     app: Onceonly | None = None
+    #: The handlers of every application built here: those the installed
+    #: apps' ``webhooks.py`` registered stay when the settings change.
+    handlers = HandlerRegistry()
 
 
 def _setting() -> Mapping[str, Any]:
@@ -73,7 +78,12 @@ def database_url_for(alias: str) -> str:
                 f"DATABASES[{alias!r}] is an in-memory SQLite database; onceonly's worker and "
                 "receiver need a file that every process opens"
             )
-        return f"sqlite:///{Path(name).resolve()}"
+        url = f"sqlite:///{Path(name).resolve()}"
+        # One lock wait for both: Django's connections and onceonly's.
+        timeout = (db.get("OPTIONS") or {}).get("timeout")
+        if isinstance(timeout, int | float) and timeout >= 0:
+            url += f"?busy_timeout={int(timeout * 1000)}"
+        return url
     if backend in ("django.db.backends.postgresql", "django.contrib.gis.db.backends.postgis"):
         user = quote(str(db.get("USER") or ""), safe="")
         password = quote(str(db.get("PASSWORD") or ""), safe="")
@@ -98,6 +108,7 @@ def get_app() -> Onceonly:
                 api_clients=conf.get("API_CLIENTS") or {},
                 **dict(conf.get("OPTIONS") or {}),
             )
+            _Built.app.handlers = _Built.handlers
         return _Built.app
 
 
@@ -112,4 +123,14 @@ def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
         reset()
 
 
+def _after_fork() -> None:
+    # A child forked after the application was built (gunicorn --preload)
+    # must not share its parent's connections: same settings and handlers,
+    # resources of its own.
+    _Built.lock = threading.Lock()
+    if _Built.app is not None:
+        _Built.app = _Built.app.replace()
+
+
 setting_changed.connect(_on_setting_changed)
+os.register_at_fork(after_in_child=_after_fork)

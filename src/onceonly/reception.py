@@ -1,0 +1,129 @@
+"""What the receiver answers a delivery, whatever the web framework around it.
+
+:class:`Reception` owns the receiver's decisions: a delivery goes into the
+inbox, and what came of it (stored, duplicate, refused, database away) becomes
+an :class:`Answer` (status, body, headers), counted in the metrics once. The
+ASGI :class:`~onceonly.receiver.Receiver` sends that answer with ASGI messages;
+the Django views (:mod:`onceonly.contrib.django.views`) as an ``HttpResponse``.
+So ``onceonly serve`` and a framework's URL give the same answers, from one
+table (see :mod:`onceonly.receiver`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ._exceptions import DeliveryRejected, StoreError
+from .events import Delivery
+from .settings import ReceiverSettings
+
+if TYPE_CHECKING:
+    from .inbox import Inbox
+    from .metrics import Metrics
+
+__all__ = ["METHOD_NOT_ALLOWED", "NOT_FOUND", "Answer", "Reception", "problem"]
+
+log = logging.getLogger("onceonly.receiver")
+
+Headers = tuple[tuple[bytes, bytes], ...]
+
+_JSON = (b"content-type", b"application/json")
+_PROBLEM = (b"content-type", b"application/problem+json")
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An HTTP answer to a delivery; `headers` have lower-case names and do
+    not include ``content-length`` (the server adds it)."""
+
+    status: int
+    body: bytes
+    headers: Headers
+
+
+def problem(status: int, reason: str, title: str, detail: str, extra: Headers = ()) -> Answer:
+    """An RFC 9457 problem document; `reason` names its type."""
+    body = json.dumps(
+        {
+            "type": f"urn:onceonly:problem:{reason}",
+            "title": title,
+            "status": status,
+            "detail": detail,
+        }
+    ).encode()
+    return Answer(status, body, (_PROBLEM, *extra))
+
+
+NOT_FOUND = problem(404, "not-found", "Not Found", "no such route")
+METHOD_NOT_ALLOWED = problem(
+    405, "method", "Method Not Allowed", "use POST", ((b"allow", b"POST"),)
+)
+
+# Built once: the two answers of the hot path.
+_STORED = Answer(
+    200, b'{"received":true,"duplicate":false}', (_JSON, (b"onceonly-duplicate", b"false"))
+)
+_DUPLICATE = Answer(
+    200, b'{"received":true,"duplicate":true}', (_JSON, (b"onceonly-duplicate", b"true"))
+)
+
+_TITLES = {
+    "signature": "Invalid Signature",
+    "payload": "Invalid Payload",
+    "unknown-provider": "Unknown Provider",
+    "too-large": "Payload Too Large",
+    "headers-too-large": "Request Header Fields Too Large",
+    "body-timeout": "Request Timeout",
+    "rejected": "Rejected",
+}
+
+
+class Reception:
+    """Deliveries in, answers out: the inbox, the metrics and the receiver's
+    settings (body and header limits, ``Retry-After``)."""
+
+    def __init__(self, inbox: Inbox, metrics: Metrics, settings: ReceiverSettings) -> None:
+        self.inbox = inbox
+        self.metrics = metrics
+        self.max_body_bytes = settings.max_body_bytes
+        self.max_header_bytes = settings.max_header_bytes
+        self.body_timeout = settings.body_timeout
+        retry_after = ((b"retry-after", str(settings.retry_after).encode()),)
+        self.unavailable = problem(
+            503,
+            "unavailable",
+            "Service Unavailable",
+            "the event could not be stored; retry later",
+            retry_after,
+        )
+        #: The health check's answer when the database is away.
+        self.unhealthy = problem(
+            503, "unavailable", "Service Unavailable", "the database is not reachable", retry_after
+        )
+
+    async def receive(self, delivery: Delivery) -> Answer:
+        """Store `delivery`; 200 only once its event is committed (or was already)."""
+        try:
+            receipt = await self.inbox.receive(delivery)
+        except DeliveryRejected as exc:
+            return self.rejected(delivery.provider, exc)
+        except StoreError as exc:
+            return self.store_failed(delivery.provider, exc)
+        self.metrics.accepted(delivery.provider, duplicate=receipt.duplicate)
+        return _DUPLICATE if receipt.duplicate else _STORED
+
+    def rejected(self, provider: str, exc: DeliveryRejected) -> Answer:
+        """The 4xx for a delivery refused before or during :meth:`receive`
+        (unknown provider, limits, signature, payload): nothing was stored."""
+        self.metrics.rejected(provider, exc.reason)
+        log.debug("rejected delivery to %s: %s", provider, exc.detail)
+        return problem(exc.status, exc.reason, _TITLES.get(exc.reason, "Rejected"), exc.detail)
+
+    def store_failed(self, provider: str, exc: StoreError) -> Answer:
+        """503 with ``Retry-After``: the sender keeps the event and sends it again."""
+        self.metrics.rejected(provider, "unavailable")
+        log.warning("database unavailable, answering 503: %s", exc)
+        return self.unavailable

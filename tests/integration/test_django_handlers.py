@@ -1,0 +1,134 @@
+"""Handlers under Django: the worker's batches run inside ``transaction.atomic``
+on Django's connection, so ORM writes and the ``processed`` mark are one commit."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("django")
+
+import django_support
+from conftest import POSTGRES
+from support import ENGINES, stripe_delivery
+
+
+@pytest.fixture
+def alias(engine: str, database_url: str) -> Iterator[str]:
+    postgres = POSTGRES.url if "postgresql" in ENGINES else None
+    with django_support.django_alias(engine, postgres) as name:
+        yield name
+
+
+def _statuses(alias: str) -> dict[str, str]:
+    from django.db import connections
+
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT event_id, status FROM onceonly_events")
+        return {str(e): str(s) for e, s in cursor.fetchall()}
+
+
+def _payments() -> list[tuple[str, int]]:
+    from payments.models import Payment
+
+    return sorted(Payment.objects.values_list("event_id", "amount"))
+
+
+def test_orm_writes_and_the_processed_mark_commit_together(alias: str) -> None:
+    from django.db import connections
+    from payments import webhooks
+
+    seen: list[tuple[list[Any], list[Any]]] = []
+
+    # While the handler runs, another connection sees neither its payment
+    # nor its mark: both wait for the one commit.
+    def look_from_outside(event: Any) -> None:
+        other = connections.create_connection(alias)
+        try:
+            with other.cursor() as cursor:
+                cursor.execute("SELECT event_id FROM payments_payment")
+                payments = [tuple(r) for r in cursor.fetchall()]
+                cursor.execute("SELECT status FROM onceonly_events")
+                seen.append((payments, [tuple(r) for r in cursor.fetchall()]))
+        finally:
+            other.close()
+
+    webhooks.PROBES.append(look_from_outside)
+    try:
+        django_support.deliver([stripe_delivery("evt_seen", event_type="charge.refunded")])
+        django_support.run_worker_until_idle(alias, concurrency=1)
+    finally:
+        webhooks.PROBES.clear()
+    assert seen == [([], [("processing",)])]
+    assert _payments() == [("evt_seen", 7)]
+    assert _statuses(alias) == {"evt_seen": "processed"}
+    assert connections[alias].in_atomic_block is False
+
+
+def test_a_failing_handler_leaves_no_orm_rows_and_its_neighbours_commit(alias: str) -> None:
+    django_support.deliver(
+        [
+            stripe_delivery("evt_ok_1", extra={"amount": 10}),
+            stripe_delivery("evt_bad", extra={"amount": 99, "fail": True}),
+            stripe_delivery("evt_ok_2", extra={"amount": 20}),
+        ]
+    )
+    # One thread, one batch: the three share a transaction; the failure's
+    # savepoint undoes its row, the others' commit.
+    django_support.run_worker_until_idle(alias, concurrency=1, batch_size=8)
+    assert _payments() == [("evt_ok_1", 10), ("evt_ok_2", 20)]
+    statuses = _statuses(alias)
+    assert statuses["evt_ok_1"] == statuses["evt_ok_2"] == "processed"
+    assert statuses["evt_bad"] in ("failed", "dead")
+
+
+@pytest.mark.parametrize("swallow", [False, True], ids=["raised", "swallowed"])
+def test_a_failed_orm_statement_fails_only_its_handler(alias: str, swallow: bool) -> None:
+    # Django marks its transaction for rollback when an ORM statement fails;
+    # the handler's savepoint undoes that statement, so the batch goes on. A
+    # handler that swallows the error is failed all the same (its writes are
+    # not what it meant), as PostgreSQL would have it anyway.
+    django_support.deliver(
+        [
+            stripe_delivery("evt_before", extra={"amount": 1}),
+            stripe_delivery("evt_null", extra={"amount": 2, "null": True, "swallow": swallow}),
+            stripe_delivery("evt_after", extra={"amount": 3}),
+        ]
+    )
+    django_support.run_worker_until_idle(alias, concurrency=1, batch_size=8)
+    assert _payments() == [("evt_after", 3), ("evt_before", 1)]
+    statuses = _statuses(alias)
+    assert statuses["evt_before"] == statuses["evt_after"] == "processed"
+    assert statuses["evt_null"] in ("failed", "dead")
+
+
+def test_the_effect_ledger_and_the_outbox_work_in_django_handlers(alias: str) -> None:
+    from django.db import connections
+    from payments import webhooks
+
+    webhooks.SENT.clear()
+    django_support.deliver([stripe_delivery("evt_effect", extra={"amount": 5, "effect": True})])
+    django_support.run_worker_until_idle(alias, concurrency=1)
+    assert _payments() == [("evt_effect", 5)]
+    assert [payload for _, payload in webhooks.SENT] == [{"event": "evt_effect"}]
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT status FROM onceonly_outbox")
+        assert [row[0] for row in cursor.fetchall()] == ["sent"]
+
+
+def test_an_async_handler_writes_with_the_async_orm_in_the_same_transaction(alias: str) -> None:
+    django_support.deliver(
+        [
+            stripe_delivery("evt_async_ok", event_type="invoice.paid", extra={"amount": 3}),
+            stripe_delivery(
+                "evt_async_bad", event_type="invoice.paid", extra={"amount": 4, "fail": True}
+            ),
+        ]
+    )
+    django_support.run_worker_until_idle(alias, concurrency=1, batch_size=8)
+    assert _payments() == [("evt_async_ok", 3)]
+    statuses = _statuses(alias)
+    assert statuses["evt_async_ok"] == "processed"
+    assert statuses["evt_async_bad"] in ("failed", "dead")
