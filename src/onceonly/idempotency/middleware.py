@@ -23,8 +23,7 @@ carries them over ASGI's messages.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Unpack
 
 from .._exceptions import BodyTooLarge
 from ..asgi import ASGIApp, Message, Receive, Scope, Send, lower_headers, read_body, send_problem
@@ -32,9 +31,9 @@ from ..batching import GroupCommit, ThreadGroupCommit
 from ..store.idempotency import ClaimOutcome, Completion, KeyClaim
 from .keys import ClientScope
 from .policy import (
-    CHUNK,
     DEFAULT_RELEASE_STATUSES,
     IdempotencyPolicy,
+    PolicyOptions,
     Problem,
     Recorder,
     Replay,
@@ -85,39 +84,15 @@ class IdempotencyMiddleware:
         *,
         onceonly: Onceonly | None = None,
         store: Store | None = None,
-        methods: Collection[str] = ("POST", "PATCH"),
-        paths: Sequence[str] | None = None,
-        required: bool | Sequence[str] = False,
         scope: ClientScope | None = None,
-        fingerprint_headers: Sequence[str] = ("content-type",),
-        ttl: float = 24 * 3600,
-        lock_timeout: float = 60.0,
-        on_conflict: Literal["409", "wait"] = "409",
-        wait_timeout: float = 30.0,
-        max_request_bytes: int = 1024 * 1024,
-        inline_limit: int = CHUNK,
-        release_statuses: Collection[int] = DEFAULT_RELEASE_STATUSES,
-        replay_set_cookie: bool = False,
-        cache_bytes: int = 32 * 1024 * 1024,
+        **options: Unpack[PolicyOptions],
     ) -> None:
         self.app = app
         self.policy = IdempotencyPolicy(
             onceonly=onceonly,
             store=store,
-            methods=methods,
-            paths=paths,
-            required=required,
             scope=scope,
-            fingerprint_headers=fingerprint_headers,
-            ttl=ttl,
-            lock_timeout=lock_timeout,
-            on_conflict=on_conflict,
-            wait_timeout=wait_timeout,
-            max_request_bytes=max_request_bytes,
-            inline_limit=inline_limit,
-            release_statuses=release_statuses,
-            replay_set_cookie=replay_set_cookie,
-            cache_bytes=cache_bytes,
+            **options,
         )
         # The request headers the middleware reads: when the scope is a
         # by_header() scope, only these are decoded, not every header.

@@ -16,7 +16,7 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypedDict
 
 from .._exceptions import ConfigurationError, StoreError
 from ..batching import GroupCommit, ThreadGroupCommit
@@ -230,6 +230,26 @@ def replay_headers(
     if body is not None:
         encoded.append((b"content-length", str(len(body)).encode()))
     return encoded
+
+
+class PolicyOptions(TypedDict, total=False):
+    """The policy's options that every front end passes on as they are
+    (``**options``): their defaults and meaning are :class:`IdempotencyPolicy`'s,
+    written once there."""
+
+    methods: Collection[str]
+    paths: Sequence[str] | None
+    required: bool | Sequence[str]
+    fingerprint_headers: Sequence[str]
+    ttl: float
+    lock_timeout: float
+    on_conflict: Literal["409", "wait"]
+    wait_timeout: float
+    max_request_bytes: int
+    inline_limit: int
+    release_statuses: Collection[int]
+    replay_set_cookie: bool
+    cache_bytes: int
 
 
 class IdempotencyPolicy:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Unpack
 
 from .._exceptions import BodyTooLarge, ConfigurationError
 from .._threads import background_loop
@@ -31,9 +31,8 @@ from ..wsgi import (
 )
 from .keys import ClientScope
 from .policy import (
-    CHUNK,
-    DEFAULT_RELEASE_STATUSES,
     IdempotencyPolicy,
+    PolicyOptions,
     Problem,
     Recorder,
     Replay,
@@ -94,21 +93,9 @@ class WSGIIdempotencyMiddleware:
         *,
         onceonly: Onceonly | None = None,
         store: Store | None = None,
-        methods: Collection[str] = ("POST", "PATCH"),
-        paths: Sequence[str] | None = None,
-        required: bool | Sequence[str] = False,
         scope: ClientScope | None = None,
         environ_scope: EnvironScope | None = None,
-        fingerprint_headers: Sequence[str] = ("content-type",),
-        ttl: float = 24 * 3600,
-        lock_timeout: float = 60.0,
-        on_conflict: Literal["409", "wait"] = "409",
-        wait_timeout: float = 30.0,
-        max_request_bytes: int = 1024 * 1024,
-        inline_limit: int = CHUNK,
-        release_statuses: Collection[int] = DEFAULT_RELEASE_STATUSES,
-        replay_set_cookie: bool = False,
-        cache_bytes: int = 32 * 1024 * 1024,
+        **options: Unpack[PolicyOptions],
     ) -> None:
         if scope is not None and environ_scope is not None:
             raise ConfigurationError("give scope= or environ_scope=, not both")
@@ -117,20 +104,8 @@ class WSGIIdempotencyMiddleware:
         self.policy = IdempotencyPolicy(
             onceonly=onceonly,
             store=store,
-            methods=methods,
-            paths=paths,
-            required=required,
             scope=scope,
-            fingerprint_headers=fingerprint_headers,
-            ttl=ttl,
-            lock_timeout=lock_timeout,
-            on_conflict=on_conflict,
-            wait_timeout=wait_timeout,
-            max_request_bytes=max_request_bytes,
-            inline_limit=inline_limit,
-            release_statuses=release_statuses,
-            replay_set_cookie=replay_set_cookie,
-            cache_bytes=cache_bytes,
+            **options,
         )
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack, cast
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.http import HttpRequest, HttpResponseBase
 
 from ...._exceptions import ConfigurationError
-from ....idempotency.policy import CHUNK, DEFAULT_RELEASE_STATUSES
+from ....idempotency.policy import PolicyOptions
 from .front import Front
 from .scopes import RequestScope
 
@@ -68,20 +68,8 @@ V = TypeVar("V", bound=Callable[..., Any])
 def idempotent(
     *,
     store: Store | None = None,
-    methods: Collection[str] = ("POST", "PATCH"),
-    paths: Sequence[str] | None = None,
-    required: bool | Sequence[str] = False,
     scope: RequestScope | str | None = None,
-    fingerprint_headers: Sequence[str] = ("content-type",),
-    ttl: float = 24 * 3600,
-    lock_timeout: float = 60.0,
-    on_conflict: Literal["409", "wait"] = "409",
-    wait_timeout: float = 30.0,
-    max_request_bytes: int = 1024 * 1024,
-    inline_limit: int = CHUNK,
-    release_statuses: Collection[int] = DEFAULT_RELEASE_STATUSES,
-    replay_set_cookie: bool = False,
-    cache_bytes: int = 32 * 1024 * 1024,
+    **options: Unpack[PolicyOptions],
 ) -> Callable[[V], V]:
     """Idempotency-Key for one view, sync or async (for a class-based view,
     ``method_decorator(idempotent(...), name="post")``).
@@ -92,25 +80,7 @@ def idempotent(
     dotted path). Behind :class:`IdempotencyMiddleware` the middleware's
     options apply, and the key is claimed once.
     """
-    front = Front(
-        {
-            "store": store,
-            "methods": methods,
-            "paths": paths,
-            "required": required,
-            "scope": scope,
-            "fingerprint_headers": fingerprint_headers,
-            "ttl": ttl,
-            "lock_timeout": lock_timeout,
-            "on_conflict": on_conflict,
-            "wait_timeout": wait_timeout,
-            "max_request_bytes": max_request_bytes,
-            "inline_limit": inline_limit,
-            "release_statuses": release_statuses,
-            "replay_set_cookie": replay_set_cookie,
-            "cache_bytes": cache_bytes,
-        }
-    )
+    front = Front({"store": store, "scope": scope, **options})
 
     def decorate(view: V) -> V:
         if iscoroutinefunction(view):
