@@ -97,6 +97,39 @@ class Proc:
             ) from None
 
 
+def start_gunicorn(
+    procs: list[Proc], target: str, options: list[str], env: dict[str, str], cwd: Path
+) -> tuple[str, Proc]:
+    """gunicorn serving `target` (``module:app``) with `options`, on a free
+    port; its URL (once it answers anything at ``/``) and its process. Stopped by
+    :func:`stop_cleanly`, or killed with the other processes."""
+    port = free_port()
+    args = [sys.executable, "-m", "gunicorn", *options, "--bind", f"127.0.0.1:{port}", target]
+    log = cwd / "gunicorn.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(args, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    proc = Proc("gunicorn", process, log)
+    procs.append(proc)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            httpx.get(f"{url}/", timeout=1)
+            return url, proc
+        except httpx.TransportError:
+            if not proc.alive() or time.monotonic() > deadline:
+                proc.kill()
+                raise AssertionError(f"gunicorn did not start:\n{proc.output()[-5000:]}") from None
+            time.sleep(0.05)
+
+
+def stop_cleanly(proc: Proc) -> None:
+    """SIGTERM `proc`, and fail if it logged a traceback on its way."""
+    proc.stop()
+    output = proc.output()
+    assert "Traceback" not in output, output
+
+
 def start_worker(
     procs: list[Proc], name: str, app: str, env: dict[str, str], cwd: Path, concurrency: int = 2
 ) -> Proc:

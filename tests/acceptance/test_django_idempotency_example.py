@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,8 +17,7 @@ pytest.importorskip("django")
 
 import django_support
 from onceonly.db import create_engine
-from processes import Proc
-from support import free_port
+from processes import Proc, start_gunicorn, stop_cleanly
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "django.md"
 BLOCKS = ("settings.py", "shop/models.py", "shop/views.py", "shop/urls.py")
@@ -72,35 +70,11 @@ def site(database_url: str, tmp_path: Path, procs: list[Proc]) -> Iterator[str]:
     )
     manage = [sys.executable, str(django_support.PROJECT / "manage.py"), "shell", "-c", code]
     subprocess.run(manage, env=env, cwd=tmp_path, check=True)
-    port = free_port()
-    log = tmp_path / "gunicorn.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "gunicorn", "project.wsgi:application"),
-                *("--workers", "2", "--threads", "8", "--bind", f"127.0.0.1:{port}"),
-            ],
-            cwd=tmp_path,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    procs.append(Proc("gunicorn", process, log))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            httpx.get(f"{url}/", timeout=1)
-            break
-        except httpx.TransportError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the documented example did not start:\n{log.read_text()}")
-            time.sleep(0.05)
+    url, server = start_gunicorn(
+        procs, "project.wsgi:application", ["--workers", "2", "--threads", "8"], env, tmp_path
+    )
     yield url
-    process.terminate()
-    process.wait(30)
-    output = log.read_text()
-    assert "Traceback" not in output, output
+    stop_cleanly(server)
 
 
 def test_the_documented_views_run_once_per_key(site: str, database_url: str) -> None:

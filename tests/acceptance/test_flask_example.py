@@ -18,8 +18,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from processes import Proc
-from support import STRIPE_SECRET, free_port, stripe_delivery
+from processes import Proc, start_gunicorn, stop_cleanly
+from support import STRIPE_SECRET, stripe_delivery
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "flask.md"
 
@@ -54,35 +54,15 @@ def flask_app(database_url: str, tmp_path: Path, procs: list[Proc]) -> Iterator[
         check=True,
         capture_output=True,
     )
-    port = free_port()
-    log = tmp_path / "gunicorn.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "gunicorn", "--workers", "2", "--threads", "8"),
-                *("--preload", "--bind", f"127.0.0.1:{port}", "flask_app:app"),
-            ],
-            cwd=tmp_path,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    procs.append(Proc("gunicorn", process, log))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            httpx.get(f"{url}/", timeout=1)
-            break
-        except httpx.TransportError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the documented example did not start:\n{log.read_text()}")
-            time.sleep(0.1)
+    url, server = start_gunicorn(
+        procs,
+        "flask_app:app",
+        ["--workers", "2", "--threads", "8", "--preload"],
+        env,
+        tmp_path,
+    )
     yield url
-    process.terminate()
-    process.wait(30)
-    output = log.read_text()
-    assert "Traceback" not in output, output
+    stop_cleanly(server)
 
 
 def _check_deliveries(url: str) -> None:
