@@ -48,7 +48,14 @@ from .providers.base import env_name
 from .store.outbox import OutboxRecords
 from .store.savepoints import HandlerSavepoints  # re-exported: the batch opens them
 
-__all__ = ["AttemptServices", "Context", "EffectError", "HandlerSavepoints", "effect_key"]
+__all__ = [
+    "AttemptServices",
+    "Context",
+    "EffectError",
+    "HandlerSavepoints",
+    "effect_key",
+    "serialised_outcome",
+]
 
 T = TypeVar("T")
 
@@ -58,6 +65,18 @@ def effect_key(provider: str, event_id: str, name: str) -> str:
     workers and machines, at most 64 characters, safe in an HTTP header."""
     digest = hashlib.sha256(f"{provider}\x00{event_id}\x00{name}".encode()).hexdigest()
     return f"oo-{digest[:40]}"
+
+
+def serialised_outcome(name: str, outcome: Any, *, then: str) -> str:
+    """An effect's outcome as the JSON its record keeps; :class:`EffectError`
+    if it has none (the call was already made: `then` is what its key protects)."""
+    try:
+        return json.dumps(outcome)
+    except (TypeError, ValueError) as exc:
+        raise EffectError(
+            f"effect {name!r} returned a value that is not JSON-serialisable ({exc}); "
+            f"the call was made, and its key protects {then}"
+        ) from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,13 +157,7 @@ class Context:
         return (True, json.loads(found)) if found is not None else (False, None)
 
     def _record(self, name: str, key: str, outcome: Any) -> None:
-        try:
-            serialised = json.dumps(outcome)
-        except (TypeError, ValueError) as exc:
-            raise EffectError(
-                f"effect {name!r} returned a value that is not JSON-serialisable ({exc}); "
-                "the call was made, and its key protects the retry"
-            ) from exc
+        serialised = serialised_outcome(name, outcome, then="the retry")
         # Its own transaction, on another connection (another file on SQLite):
         # durable before the handler goes on, and survives a rollback of ours.
         self._ledger.record(self.event.id, name, key, serialised)

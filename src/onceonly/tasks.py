@@ -56,7 +56,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from ._exceptions import EffectError, JobInProgress, StoreError
+from ._exceptions import JobInProgress, StoreError
+from .context import serialised_outcome
 from .db import create_engine
 from .guard import Guard, Held, fingerprint_of
 from .ledger import effects_url
@@ -122,13 +123,7 @@ class TaskContext:
             return json.loads(found)  # type: ignore[no-any-return]
         key = self.effect_key(name)
         outcome = call(key)
-        try:
-            serialised = json.dumps(outcome)
-        except (TypeError, ValueError) as exc:
-            raise EffectError(
-                f"effect {name!r} returned a value that is not JSON-serialisable ({exc}); "
-                "the call was made, and its key protects the next run"
-            ) from exc
+        serialised = serialised_outcome(name, outcome, then="the next run")
         # Its own transaction, on another connection (another file on SQLite):
         # durable before the task goes on, and survives a rollback of the task's.
         tasks.records.record(tasks.effects_engine, self.key, name, key, serialised)
