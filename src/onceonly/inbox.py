@@ -34,6 +34,19 @@ def _check_text(value: str, what: str) -> None:
         raise PayloadError(f"the {what} is not valid Unicode (a lone surrogate)") from None
 
 
+def _optional_text(value: str | None) -> str | None:
+    """An auxiliary field (the object id) that no engine would store faithfully
+    is left out rather than refusing the event it came with: the event is
+    signed and identified, and the field is only a hint for search and order."""
+    if value is None:
+        return None
+    try:
+        _check_text(value, "object id")
+    except PayloadError:
+        return None
+    return value
+
+
 class Inbox:
     """Turns a :class:`Delivery` into a stored event, or a rejection.
 
@@ -58,7 +71,9 @@ class Inbox:
     async def receive(self, delivery: Delivery) -> Receipt:
         provider = self.provider(delivery.provider)
         headers = ReadHeaders(delivery.headers)
-        delivery = Delivery(delivery.provider, delivery.body, headers, delivery.query)
+        delivery = Delivery(
+            delivery.provider, delivery.body, headers, delivery.query, delivery.tenant
+        )
         # Authenticate first: nothing from an unverified body is parsed or kept.
         provider.verify(delivery)
         info = provider.identify(delivery)
@@ -71,6 +86,9 @@ class Inbox:
             event_type=info.event_type,
             body=delivery.body,
             headers=headers.kept(info.extra_headers),
+            tenant=delivery.tenant,
+            object_id=_optional_text(info.object_id),
+            occurred_at=info.occurred_at,
         )
         try:
             return await self.commits.submit(event)
