@@ -35,6 +35,7 @@ def test_exact_beats_longest_wildcard_beats_shorter_beats_catch_alls() -> None:
         ("stripe", "payment_intent.payment_failed.*", "failures"),
         ("stripe", "payment_intent.succeeded", "succeeded"),
         ("shopify", "orders/*", "orders"),
+        ("mercadopago", "unverified:*", "unverified"),
     ]:
         registry.add(named(name), provider, event_type)
 
@@ -49,6 +50,8 @@ def test_exact_beats_longest_wildcard_beats_shorter_beats_catch_alls() -> None:
     assert resolved(registry, "shopify", "orders/create") == "orders"
     assert resolved(registry, "shopify", "orders") == "anything"
     assert resolved(registry, "github", "push") == "anything"
+    assert resolved(registry, "mercadopago", "unverified:payment.created") == "unverified"
+    assert resolved(registry, "mercadopago", "payment.created") == "anything"
 
 
 def test_a_wildcard_matches_whole_segments_only() -> None:
