@@ -73,7 +73,8 @@ def test_a_handlers_attempts_and_backoff_replace_the_workers(database_url: str) 
         ("evt_invoice", "invoice.paid"),
         ("evt_other", "customer.created"),
     )
-    app.worker().run_until_idle()
+    # Polled often: retries are due within milliseconds.
+    app.worker(poll_interval=0.02).run_until_idle()
     found = {
         r.event_id: (r.status, r.attempts, r.id)
         for r in rows(app, "SELECT id, event_id, status, attempts FROM onceonly_events")
@@ -129,7 +130,7 @@ def test_several_handlers_of_one_event_commit_together_once(database_url: str) -
     deliver(
         database_url, ("evt_pay", "payment_intent.succeeded"), ("evt_new", "payment_intent.created")
     )
-    app.worker(concurrency=1).run_until_idle()
+    app.worker(concurrency=1, poll_interval=0.02).run_until_idle()
 
     # The failed attempt's writes (both handlers') were rolled back: the
     # retry found no payment, and each handler's payment is there once.
