@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .clients import Target
 from .context import AttemptServices, Context, HandlerSavepoints
+from .handlers import RetryPolicy
 from .prefetch import prefetch
 from .store.engine import transaction
 from .store.work_queue import Claimed, WorkQueue
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     import sqlalchemy as sa
 
     from .deployment import Deployment
+    from .events import Event
     from .outbox import OutboxRunner
 
 __all__ = ["BatchProcessor", "Claimed", "OwnTransactions", "Transactions"]
@@ -183,7 +185,8 @@ class BatchProcessor:
             failed=[i.event.provider for i, _, _ in failures if not self.is_last(i)],
             dead=[i.event.provider for i, _, _ in failures if self.is_last(i)],
         )
-        staged = [c.event.id for c in contexts if c.staged]
+        # One id per event, even when several of its handlers staged rows.
+        staged = list(dict.fromkeys(c.event.id for c in contexts if c.staged))
         if staged:
             self.outbox.run_for(staged)
         return left
@@ -204,15 +207,21 @@ class BatchProcessor:
         contexts: list[Context],
         prefetched: dict[Target, Any],
     ) -> Outcome:
-        """Run one event's handler in a savepoint: the handler's name on
-        success, (error, handler name) on failure."""
+        """Run one event's handlers in one savepoint: their names on success,
+        (error, name of the handler that raised) on failure.
+
+        Several handlers of one event run in registration order and stand or
+        fall together: one that raises rolls back the others' writes too, and
+        the retry runs them all again (their effects are in the ledger, so
+        those are not called twice). See docs/handlers.md.
+        """
         event = item.event
-        registration = self.app.handlers.resolve(event.provider, event.event_type)
-        name = registration.name if registration else None
-        if event.attempts > self.max_attempts:
+        route = self.app.handlers.route(event.provider, event.event_type)
+        name = route.name if route else None
+        if event.attempts > self.retry_policy(event).max_attempts:
             # Claimed again after workers died on it max_attempts times.
             return RuntimeError("the worker died during every attempt"), name
-        if registration is None:
+        if route is None:
             log.info(
                 "event %s (%s %s): no handler registered; marked processed",
                 event.id,
@@ -220,54 +229,70 @@ class BatchProcessor:
                 event.event_type,
             )
             return "(no handler registered)"
-        ctx = Context.for_attempt(
-            event,
-            conn,
-            AttemptServices(
-                ledger=self.app.effect_ledger,
-                outbox=self.outbox.records,
-                actions=frozenset(self.app.handlers.actions),
-                api_clients=self.app.api_clients,
-                event_loop=self._loop,
-                fetched=prefetched,
-            ),
+        services = AttemptServices(
+            ledger=self.app.effect_ledger,
+            outbox=self.outbox.records,
+            actions=frozenset(self.app.handlers.actions),
+            api_clients=self.app.api_clients,
+            event_loop=self._loop,
+            fetched=prefetched,
         )
-        contexts.append(ctx)
+        mine: list[Context] = []
         savepoints.arm()
         started = time.perf_counter()
+        running = name
         try:
-            if registration.is_async:
-                self.transactions.run_async(registration.handler(event, ctx))
-            else:
-                registration.handler(event, ctx)
-            ctx.flush()
+            for registration in route.registrations:
+                running = registration.name
+                ctx = Context.for_attempt(
+                    event, conn, services, effect_prefix=registration.effect_prefix
+                )
+                contexts.append(ctx)
+                mine.append(ctx)
+                if registration.is_async:
+                    self.transactions.run_async(registration.handler(event, ctx))
+                else:
+                    registration.handler(event, ctx)
+                ctx.flush()
         except Exception as exc:
-            ctx.end_attempt()
+            for ctx in mine:
+                ctx.end_attempt()
             savepoints.finish(success=False)
-            ctx.discard_staged()  # its outbox rows went with the savepoint
-            return exc, name
+            for ctx in mine:
+                ctx.discard_staged()  # their outbox rows went with the savepoint
+            return exc, running
         finally:
             self.metrics.handler_ran(event.provider, time.perf_counter() - started)
         if not savepoints.finish(success=True):
-            ctx.discard_staged()
+            for ctx in mine:
+                ctx.discard_staged()
             return RuntimeError(
                 "the handler swallowed a database error that aborted its writes; "
                 "they were rolled back"
             ), name
-        return registration.name
+        return route.name
+
+    def retry_policy(self, event: Event) -> RetryPolicy:
+        """Attempts and backoff for `event`: those its handlers were registered
+        with, the worker's settings where they set none."""
+        route = self.app.handlers.route(event.provider, event.event_type)
+        if route is None:
+            return RetryPolicy(self.max_attempts, self._delay)
+        return route.policy(self.max_attempts, self._delay)
 
     def _record_failure(
         self, conn: sa.Connection, item: Claimed, exc: Exception, handler: str | None
     ) -> None:
         attempt = item.event.attempts
-        dead = self.is_last(item)
-        delay = 0.0 if dead else self._delay(attempt)
+        policy = self.retry_policy(item.event)
+        dead = attempt >= policy.max_attempts
+        delay = 0.0 if dead else policy.delay(attempt)
         log.warning(
             "event %s (%s) attempt %d/%d failed%s: %s: %s",
             item.event.id,
             handler or "no handler",
             attempt,
-            self.max_attempts,
+            policy.max_attempts,
             "; now dead" if dead else f"; retry in {delay:.1f} s",
             type(exc).__name__,
             exc,
@@ -287,4 +312,4 @@ class BatchProcessor:
 
     def is_last(self, item: Claimed) -> bool:
         """Whether a failure of this attempt makes the event dead."""
-        return item.event.attempts >= self.max_attempts
+        return item.event.attempts >= self.retry_policy(item.event).max_attempts

@@ -55,7 +55,7 @@ import sqlalchemy as sa
 
 from ._exceptions import ConfigurationError
 from .clients import ApiClient, clients_from_environ
-from .handlers import Action, Handler, HandlerRegistry
+from .handlers import Action, Backoff, Handler, HandlerRegistry
 from .inbox import Inbox
 from .providers import PROVIDER_CLASSES, Provider
 from .providers.base import env_name
@@ -339,6 +339,8 @@ class Onceonly:
         event_type: str | None = None,
         *,
         prefetch: bool | str | Sequence[str] = False,
+        attempts: int | None = None,
+        backoff: Backoff | None = None,
     ) -> Callable[[H], H]:
         """Register a handler for `provider` and `event_type` (``None``: any).
 
@@ -347,10 +349,20 @@ class Onceonly:
             @app.handler("stripe", "payment_intent.succeeded")
             def on_payment(event, ctx): ...
 
+        `event_type` may end in a wildcard segment (``"payment_intent.*"``,
+        ``"orders/*"``); the most specific registration wins, and every
+        handler registered under that one (provider, type) runs, in order, in
+        one transaction (see docs/handlers.md).
+
         `prefetch` reads what ``ctx.fetch()`` will return (``True``: the object
         the event points to; a kind or kinds: those) from the provider's API
         before the handler's transaction opens, so no database lock waits on
         the network (see docs/fetching.md).
+
+        `attempts` (before the event is ``dead``) and `backoff` (``(base, cap)``
+        seconds for the worker's formula, or a function ``attempt -> seconds``)
+        replace the worker's ``max_attempts`` and retry base/cap for the events
+        this handler owns.
         """
         kinds: tuple[str | None, ...]
         if isinstance(prefetch, bool):
@@ -361,7 +373,7 @@ class Onceonly:
             kinds = tuple(prefetch)
 
         def register(fn: H) -> H:
-            self.handlers.add(fn, provider, event_type, kinds)
+            self.handlers.add(fn, provider, event_type, kinds, attempts=attempts, backoff=backoff)
             return fn
 
         return register

@@ -116,14 +116,24 @@ class Context:
     _event_loop: Callable[[], asyncio.AbstractEventLoop] | None = None
     #: Answers (or errors) read in this attempt, some before it began (prefetch).
     _fetched: dict[Target, dict[str, Any] | Exception] = field(default_factory=dict)
+    #: Put before effect names: empty for an event's first handler, the
+    #: handler's name and "/" for the others (see onceonly.handlers).
+    _effect_prefix: str = ""
 
     @classmethod
     def for_attempt(
-        cls, event: Event, connection: sa.Connection, services: AttemptServices
+        cls,
+        event: Event,
+        connection: sa.Connection,
+        services: AttemptServices,
+        *,
+        effect_prefix: str = "",
     ) -> Context:
         """The context of attempt number ``event.attempts`` of `event`, on the
-        processing transaction's `connection`."""
+        processing transaction's `connection`; `effect_prefix` namespaces the
+        effects of a handler that is not its event's first."""
         return cls(
+            _effect_prefix=effect_prefix,
             event=event,
             connection=connection,
             attempt=event.attempts,
@@ -150,17 +160,18 @@ class Context:
         return self._session
 
     def effect_key(self, name: str) -> str:
-        return effect_key(self.event.provider, self.event.event_id, name)
+        """The idempotency key that ``effect(name, ...)`` passes to its call."""
+        return effect_key(self.event.provider, self.event.event_id, self._effect_prefix + name)
 
     def _recorded(self, name: str) -> tuple[bool, Any]:
-        found = self._ledger.find(self.connection, self.event.id, name)
+        found = self._ledger.find(self.connection, self.event.id, self._effect_prefix + name)
         return (True, json.loads(found)) if found is not None else (False, None)
 
     def _record(self, name: str, key: str, outcome: Any) -> None:
         serialised = serialised_outcome(name, outcome, then="the retry")
         # Its own transaction, on another connection (another file on SQLite):
         # durable before the handler goes on, and survives a rollback of ours.
-        self._ledger.record(self.event.id, name, key, serialised)
+        self._ledger.record(self.event.id, self._effect_prefix + name, key, serialised)
 
     def effect(self, name: str, call: Callable[[str], T]) -> T:
         """Run ``call(key)`` once for this event and `name`; return its outcome.

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import base64
 import enum
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+from ._exceptions import PayloadError, PayloadPurged
 
 __all__ = ["Delivery", "Event", "EventInfo", "EventStatus", "NewEvent", "Receipt"]
 
@@ -118,6 +121,38 @@ class Event:
     #: When the provider created the event, if the payload says.
     occurred_at: datetime | None = None
     ordering_key: str | None = None
+    # What json() parsed, kept for its next call (and the event's other
+    # handlers): not part of the record, so not compared, shown or passed in.
+    _parsed: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def json(self) -> Any:
+        """The body parsed as JSON, once: later calls return the same object
+        (treat it as read-only; the event's other handlers get it too).
+
+        Raises :class:`~onceonly.PayloadError` when the body is not UTF-8 JSON
+        (a retry will not change that), :class:`~onceonly.PayloadPurged` when
+        ``onceonly purge`` dropped it.
+        """
+        parsed = self._parsed
+        if parsed is not None:
+            return parsed[0]
+        if self.payload_purged_at is not None:
+            raise PayloadPurged(
+                f"event {self.id} ({self.provider} {self.event_id}): its payload was purged "
+                f"at {self.payload_purged_at.isoformat()}; there is no body to parse"
+            )
+        try:
+            value = json.loads(self.body)
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+            reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            raise PayloadError(
+                f"event {self.id} ({self.provider} {self.event_id}): the body is not "
+                f"valid JSON: {reason}"
+            ) from None
+        # In a 1-tuple, so that a body that is JSON null is cached too; frozen,
+        # so through object's own __setattr__.
+        object.__setattr__(self, "_parsed", (value,))
+        return value
 
     def to_dict(self, *, include_body: bool = True) -> dict[str, Any]:
         """A JSON-ready view; the body is decoded as UTF-8 where it can be."""

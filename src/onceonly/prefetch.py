@@ -32,11 +32,11 @@ def prefetch(
         return {}  # the common case: nothing to read, nothing to resolve
     wanted: dict[tuple[int, Target], tuple[ApiClient, list[int]]] = {}
     for event in events:
-        registration = handlers.resolve(event.provider, event.event_type)
+        route = handlers.route(event.provider, event.event_type)
         client = api_clients.get(event.provider)
-        if registration is None or client is None:
+        if route is None or client is None:
             continue
-        for kind in registration.prefetch:
+        for kind in route.prefetch:
             try:
                 target = client.target(event, kind)
             except Exception:  # deterministic: ctx.fetch() raises it in the handler

@@ -132,3 +132,45 @@ def test_an_async_handler_writes_with_the_async_orm_in_the_same_transaction(alia
     statuses = _statuses(alias)
     assert statuses["evt_async_ok"] == "processed"
     assert statuses["evt_async_bad"] in ("failed", "dead")
+
+
+@pytest.fixture
+def customer_handlers(alias: str) -> list[str]:
+    """Two handlers of the project for every ``customer.*`` event, registered
+    with Django's decorator and their own retry policy (once per process: the
+    project's handlers outlive each test's application)."""
+    from onceonly.contrib.django import get_app, handler
+
+    if get_app().handlers.route("stripe", "customer.created") is None:
+
+        @handler("stripe", "customer.*", attempts=2, backoff=(0.01, 0.01))
+        def customer_first(event: Any, ctx: Any) -> None:
+            from payments.models import Payment
+
+            Payment.objects.create(event_id=event.event_id, amount=event.json()["data"]["amount"])
+
+        @handler("stripe", "customer.*")
+        def customer_second(event: Any, ctx: Any) -> None:
+            raise RuntimeError("the second customer handler always fails")
+
+    route = get_app().handlers.route("stripe", "customer.created")
+    assert route is not None
+    return [r.name for r in route.registrations]
+
+
+def test_django_handlers_take_wildcards_attempts_and_several_per_type(
+    alias: str, customer_handlers: list[str]
+) -> None:
+    django_support.deliver(
+        [stripe_delivery("evt_customer", event_type="customer.created", extra={"amount": 8})]
+    )
+    django_support.run_worker_until_idle(alias, concurrency=1)
+    # Dead after the handlers' two attempts (the project's worker allows
+    # more), and the first handler's payment went with each failure.
+    from django.db import connections
+
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT status, attempts FROM onceonly_events")
+        assert [tuple(r) for r in cursor.fetchall()] == [("dead", 2)]
+    assert _payments() == []
+    assert len(customer_handlers) == 2

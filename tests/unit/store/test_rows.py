@@ -36,9 +36,13 @@ EXPECTED = Event(
 )
 
 
+# Event.json()'s cache is a field too, but no column: it is not passed in.
+RECORD_FIELDS = [f for f in dataclasses.fields(Event) if f.init]
+
+
 def as_driver_row(form: str) -> tuple[Any, ...]:
     """EXPECTED as a row of EVENT_COLUMNS, the way one driver returns it."""
-    values: dict[str, Any] = {f.name: getattr(EXPECTED, f.name) for f in dataclasses.fields(Event)}
+    values: dict[str, Any] = {f.name: getattr(EXPECTED, f.name) for f in RECORD_FIELDS}
     values["status"] = EXPECTED.status.value
     if form == "sqlite":  # times as SQLite's text, headers as JSON text, body as memoryview
         for name in ("received_at", "last_duplicate_at", "payload_purged_at"):
@@ -51,7 +55,7 @@ def as_driver_row(form: str) -> tuple[Any, ...]:
 
 
 def test_every_event_field_has_its_column() -> None:
-    assert set(EVENT_COLUMNS) == {f.name for f in dataclasses.fields(Event)}
+    assert set(EVENT_COLUMNS) == {f.name for f in RECORD_FIELDS}
 
 
 @pytest.mark.parametrize("form", ["sqlite", "asyncpg", "psycopg"])

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from ...handlers import Action, Handler
+from ...handlers import Action, Backoff, Handler
 from .conf import get_app, reset
 
 __all__ = ["action", "get_app", "handler", "reset"]
@@ -27,6 +27,8 @@ def handler(
     event_type: str | None = None,
     *,
     prefetch: bool | str | Sequence[str] = False,
+    attempts: int | None = None,
+    backoff: Backoff | None = None,
 ) -> Callable[[H], H]:
     """Register a handler of the project's application (see
     :meth:`Onceonly.handler <onceonly.Onceonly.handler>`)::
@@ -37,8 +39,13 @@ def handler(
         @handler("stripe", "payment_intent.succeeded")
         def on_payment(event, ctx):
             Payment.objects.create(...)   # commits with the event's mark
+
+    Wildcard types, several handlers of one type, `attempts` and `backoff`
+    work as there (docs/handlers.md).
     """
-    return get_app().handler(provider, event_type, prefetch=prefetch)
+    return get_app().handler(
+        provider, event_type, prefetch=prefetch, attempts=attempts, backoff=backoff
+    )
 
 
 def action(name: str) -> Callable[[A], A]:
