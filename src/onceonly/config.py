@@ -35,6 +35,9 @@ Environment variables:
   but this machine, at least 16 characters) and ``ONCEONLY_DASHBOARD_REDACT``
   (payload fields hidden, e.g. ``card.number,payer.email``); see docs/dashboard.md.
 
+The CLI's own: ``ONCEONLY_LOG_FORMAT`` (``text`` or ``json``; see
+docs/observability.md for the log fields and the hooks).
+
 In code, build an :class:`Onceonly` and point the CLI at it with
 ``--app module:attribute``; what the object sets wins over the environment.
 Everything is read once into :class:`~onceonly.settings.Settings` (frozen and

@@ -46,6 +46,10 @@ def rows(app: Onceonly, sql: str) -> list[Any]:
         return list(conn.execute(sa.text(sql)).all())
 
 
+#: What every log line about an event in the worker carries.
+FIELDS = ("event_pk", "provider", "event_id", "event_type", "attempt", "worker")
+
+
 class Calls:
     """A hook that records what it was called with, thread-safely."""
 
@@ -101,7 +105,9 @@ def test_failed_hook_per_attempt_dead_hook_once_and_log_fields(
     ]
     assert dead[0].key.startswith("oo-outbox-")
     assert "no such customer (attempt 2)" in dead[0].traceback
-    status = {r.event_id: r.status for r in rows(app, "SELECT event_id, status FROM onceonly_events")}
+    status = {
+        r.event_id: r.status for r in rows(app, "SELECT event_id, status FROM onceonly_events")
+    }
     assert status == {"evt_bad": "dead", "evt_ok": "processed"}
     # Another worker later: the hook's call is remembered as sent.
     app.worker().run_until_idle()
@@ -112,7 +118,9 @@ def test_failed_hook_per_attempt_dead_hook_once_and_log_fields(
     bad = rows(app, "SELECT id FROM onceonly_events WHERE event_id = 'evt_bad'")[0].id
     about: dict[str, list[logging.LogRecord]] = {}
     for record in caplog.records:
-        if getattr(record, "event_id", None) is not None:
+        if record.name.startswith("onceonly.") and record.getMessage().startswith("event "):
+            missing = [name for name in FIELDS if not hasattr(record, name)]
+            assert not missing, (record.getMessage(), missing)
             about.setdefault(record.getMessage(), []).append(record)
     messages = list(about)
     for wanted in ("claimed (attempt 1)", "attempt 1/2 failed", "now dead", "processed by"):
@@ -120,12 +128,15 @@ def test_failed_hook_per_attempt_dead_hook_once_and_log_fields(
     assert any("effect 'grant' called and recorded" in m for m in messages), messages
     assert any("failed-attempt hook" in m and "raised" in m for m in messages), messages
     failure = next(r for m, rs in about.items() if "attempt 2/2 failed" in m for r in rs)
-    assert (failure.event_pk, failure.provider, failure.event_id) == (bad, "stripe", "evt_bad")  # type: ignore[attr-defined]
-    assert (failure.event_type, failure.attempt, failure.worker) == (  # type: ignore[attr-defined]
-        "charge.succeeded",
-        2,
-        "w-hooks",
-    )
+    fields = {name: getattr(failure, name) for name in FIELDS}
+    assert fields == {
+        "event_pk": bad,
+        "provider": "stripe",
+        "event_id": "evt_bad",
+        "event_type": "charge.succeeded",
+        "attempt": 2,
+        "worker": "w-hooks",
+    }
 
 
 def test_dead_hook_called_once_after_a_crash_before_its_call(database_url: str) -> None:
@@ -141,14 +152,14 @@ def test_dead_hook_called_once_after_a_crash_before_its_call(database_url: str) 
     crashed = app.worker(name="crashed")
     # The worker dies right after the commit that marked the event dead:
     # nothing after it runs (its runner never sends, nor sweeps).
-    crashed.outbox.run_for = lambda pks: None  # type: ignore[method-assign]
+    crashed.outbox.run_for = lambda event_pks: None  # type: ignore[method-assign]
     crashed.outbox.sweep = lambda n=50: None  # type: ignore[method-assign]
     crashed.run_until_idle()
     assert dead.failures == []
     assert [r.status for r in rows(app, "SELECT status FROM onceonly_events")] == ["dead"]
-    assert [(r.action, r.status) for r in rows(app, "SELECT action, status FROM onceonly_outbox")] == [
-        (DEAD_HOOK_ACTION, "pending")
-    ]
+    assert [
+        (r.action, r.status) for r in rows(app, "SELECT action, status FROM onceonly_outbox")
+    ] == [(DEAD_HOOK_ACTION, "pending")]
 
     restarted = app.worker(name="restarted")
     restarted.run_until_idle()
@@ -163,6 +174,11 @@ def test_dead_hook_called_once_after_a_crash_before_its_call(database_url: str) 
     assert [r.status for r in rows(app, "SELECT status FROM onceonly_outbox")] == ["sent"]
 
 
+def attribute(span: ReadableSpan, name: str) -> Any:
+    assert span.attributes is not None
+    return span.attributes[name]
+
+
 def _by_name(spans: tuple[ReadableSpan, ...]) -> dict[str, list[ReadableSpan]]:
     found: dict[str, list[ReadableSpan]] = {}
     for span in spans:
@@ -174,7 +190,9 @@ async def test_one_event_one_trace_from_receive_to_effect(database_url: str) -> 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    app = make_app(database_url, providers={"stripe": Stripe(STRIPE_SECRET)}, tracer_provider=provider)
+    app = make_app(
+        database_url, providers={"stripe": Stripe(STRIPE_SECRET)}, tracer_provider=provider
+    )
 
     @app.handler("stripe")
     def handle(event: Event, ctx: Context) -> None:
@@ -197,7 +215,7 @@ async def test_one_event_one_trace_from_receive_to_effect(database_url: str) -> 
     spans = _by_name(exporter.get_finished_spans())
     (receive,) = spans["onceonly.receive"]
     (commit,) = spans["onceonly.commit"]
-    handles = sorted(spans["onceonly.handle"], key=lambda s: s.attributes["onceonly.attempt"])  # type: ignore[index]
+    handles = sorted(spans["onceonly.handle"], key=lambda s: int(attribute(s, "onceonly.attempt")))
     effects = spans["onceonly.effect"]
     trace_id = receive.context.trace_id
     assert f"{trace_id:032x}" != sender_trace
@@ -214,10 +232,10 @@ async def test_one_event_one_trace_from_receive_to_effect(database_url: str) -> 
         assert effect.context.trace_id == trace_id
         assert effect.parent is not None
         assert effect.parent.span_id in {h.context.span_id for h in handles}
-    assert sorted(bool(e.attributes["onceonly.effect.reused"]) for e in effects) == [False, True]  # type: ignore[index]
+    assert sorted(bool(attribute(e, "onceonly.effect.reused")) for e in effects) == [False, True]
     assert handles[0].status.status_code is StatusCode.ERROR
     assert handles[1].status.status_code is not StatusCode.ERROR
-    assert handles[0].attributes["onceonly.event_id"] == "evt_traced"  # type: ignore[index]
+    assert attribute(handles[0], "onceonly.event_id") == "evt_traced"
     # The group commit is a trace of its own, linked to each request it held,
     # and so are the claims, linked to the events they took.
     assert commit.context.trace_id != trace_id
