@@ -44,6 +44,8 @@ _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) 
     "message",
     "asctime",
     "taskName",
+    # uvicorn's copy of the message with terminal colours: noise in JSON.
+    "color_message",
 }
 
 

@@ -186,7 +186,10 @@ def _by_name(spans: tuple[ReadableSpan, ...]) -> dict[str, list[ReadableSpan]]:
     return found
 
 
-async def test_one_event_one_trace_from_receive_to_effect(database_url: str) -> None:
+async def test_one_event_one_trace_from_receive_to_effect(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="onceonly.receiver")
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -210,6 +213,12 @@ async def test_one_event_one_trace_from_receive_to_effect(database_url: str) -> 
         async with httpx.AsyncClient() as client:
             answer = await client.post(f"{url}/webhooks/stripe", content=body, headers=headers)
     assert answer.status_code == 200
+    (received,) = [r for r in caplog.records if r.getMessage().endswith("received")]
+    assert (received.provider, received.event_id, received.duplicate) == (  # type: ignore[attr-defined]
+        "stripe",
+        "evt_traced",
+        False,
+    )
     await asyncio.to_thread(app.worker().run_until_idle)
 
     spans = _by_name(exporter.get_finished_spans())
