@@ -299,6 +299,7 @@ class BatchProcessor:
             "onceonly.event_type": event.event_type or "",
             "onceonly.attempt": event.attempts,
             "onceonly.worker": self.owner,
+            "onceonly.tenant": event.tenant,
         }
         parent = event.headers.get(TRACEPARENT_HEADER)
         with self.tracing.span("onceonly.handle", attributes, parent=parent, root=True) as span:

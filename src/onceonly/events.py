@@ -34,6 +34,9 @@ class Delivery:
     body: bytes
     headers: Mapping[str, str]
     query: Mapping[str, str] = field(default_factory=dict)
+    #: The merchant account named in the URL (``/webhooks/{provider}/{tenant}``),
+    #: ``""`` when the route has none.
+    tenant: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +52,12 @@ class EventInfo:
     event_id: str
     event_type: str | None = None
     extra_headers: Mapping[str, str] = field(default_factory=dict)
+    #: The provider's object the event is about (a payment's id), when the
+    #: payload names one: searchable across events, and a default ordering key.
+    object_id: str | None = None
+    #: When the provider created the event (not when it was delivered): the
+    #: order of an object's events.
+    occurred_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +69,14 @@ class NewEvent:
     event_type: str | None
     body: bytes
     headers: Mapping[str, str]
+    #: The merchant account it arrived for (``/webhooks/{provider}/{tenant}``);
+    #: ``""`` for a deployment with one account. Part of the dedup key.
+    tenant: str = ""
+    object_id: str | None = None
+    occurred_at: datetime | None = None
+    #: Events with the same key are processed one at a time, in `occurred_at`
+    #: order (``None``: unordered).
+    ordering_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +111,13 @@ class Event:
     last_duplicate_at: datetime | None = None
     #: When ``onceonly purge`` dropped body and headers (they are empty since).
     payload_purged_at: datetime | None = None
+    #: The merchant account (``""``: the deployment's only one).
+    tenant: str = ""
+    #: The provider's object the event is about (a payment's id), if known.
+    object_id: str | None = None
+    #: When the provider created the event, if the payload says.
+    occurred_at: datetime | None = None
+    ordering_key: str | None = None
 
     def to_dict(self, *, include_body: bool = True) -> dict[str, Any]:
         """A JSON-ready view; the body is decoded as UTF-8 where it can be."""
@@ -109,6 +133,10 @@ class Event:
             "duplicates": self.duplicates,
             "last_duplicate_at": _iso(self.last_duplicate_at),
             "payload_purged_at": _iso(self.payload_purged_at),
+            "tenant": self.tenant,
+            "object_id": self.object_id,
+            "occurred_at": _iso(self.occurred_at),
+            "ordering_key": self.ordering_key,
             "headers": dict(self.headers),
         }
         if include_body:

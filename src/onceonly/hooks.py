@@ -81,6 +81,8 @@ class Failure:
     handler: str | None
     #: The worker that ran the attempt.
     worker: str
+    #: The merchant account the event arrived for (``""``: the only one).
+    tenant: str = ""
     #: Stable across retries of a dead hook's call (its outbox key); pass it
     #: to an API that accepts idempotency keys. Empty for a failed-attempt hook.
     key: str = ""
@@ -114,6 +116,7 @@ class Failure:
             traceback=traceback,
             handler=handler,
             worker=worker,
+            tenant=event.tenant,
             exception=exc,
         )
 
@@ -126,6 +129,7 @@ class Failure:
             "event_type": self.event_type,
             "attempt": self.attempt,
             "worker": self.worker,
+            "tenant": self.tenant,
         }
 
 

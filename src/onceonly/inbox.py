@@ -42,6 +42,19 @@ def _check_text(value: str, what: str) -> None:
         raise PayloadError(f"the {what} is not valid Unicode (a lone surrogate)") from None
 
 
+def _optional_text(value: str | None) -> str | None:
+    """An auxiliary field (the object id) that no engine would store faithfully
+    is left out rather than refusing the event it came with: the event is
+    signed and identified, and the field is only a hint for search and order."""
+    if value is None:
+        return None
+    try:
+        _check_text(value, "object id")
+    except PayloadError:
+        return None
+    return value
+
+
 class Inbox:
     """Turns a :class:`Delivery` into a stored event, or a rejection.
 
@@ -79,7 +92,9 @@ class Inbox:
         # The sender's traceparent is its claim, not ours to build on: a link.
         sender = delivery.headers.get("traceparent")
         with self.tracing.span(
-            "onceonly.receive", {"onceonly.provider": delivery.provider}, links=(sender,)
+            "onceonly.receive",
+            {"onceonly.provider": delivery.provider, "onceonly.tenant": delivery.tenant},
+            links=(sender,),
         ) as span:
             receipt = await self._receive(delivery, span)
             if span is not None:
@@ -102,7 +117,9 @@ class Inbox:
     async def _receive(self, delivery: Delivery, span: Span | None) -> Receipt:
         provider = self.provider(delivery.provider)
         headers = ReadHeaders(delivery.headers)
-        delivery = Delivery(delivery.provider, delivery.body, headers, delivery.query)
+        delivery = Delivery(
+            delivery.provider, delivery.body, headers, delivery.query, delivery.tenant
+        )
         # Authenticate first: nothing from an unverified body is parsed or kept.
         provider.verify(delivery)
         info = provider.identify(delivery)
@@ -124,6 +141,9 @@ class Inbox:
             event_type=info.event_type,
             body=delivery.body,
             headers=kept,
+            tenant=delivery.tenant,
+            object_id=_optional_text(info.object_id),
+            occurred_at=info.occurred_at,
         )
         try:
             receipt = await self.commits.submit(event)
@@ -142,6 +162,7 @@ class Inbox:
                     "provider": delivery.provider,
                     "event_id": info.event_id,
                     "event_type": info.event_type,
+                    "tenant": delivery.tenant,
                     "duplicate": receipt.duplicate,
                 },
             )

@@ -3,13 +3,14 @@
 Log lines about an event (received, claimed, attempt failed, dead, processed,
 lease lost, effect called or reused) carry, in ``extra=``, the fields of
 :func:`event_fields`: ``event_pk``, ``provider``, ``event_id``,
-``event_type``, ``attempt`` and, in the worker, ``worker``. The human message
+``event_type``, ``tenant`` (``""`` for a deployment with one account),
+``attempt`` and, in the worker, ``worker``. The human message
 says the same in words; the fields are for machines: ``onceonly serve
 --log-format json`` (or ``ONCEONLY_LOG_FORMAT=json``) writes each record as
 one JSON object per line with :class:`JsonFormatter`, the fields at the top
-level. A field added later (a ``tenant``) appears there without a change to
-the formatter: it writes every attribute a record was given beyond the
-standard ones.
+level. A field added later appears there without a change to the
+formatter: it writes every attribute a record was given beyond the standard
+ones.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def event_fields(event: Event, **more: Any) -> dict[str, Any]:
         "event_id": event.event_id,
         "event_type": event.event_type,
         "attempt": event.attempts,
+        "tenant": event.tenant,
     }
     fields.update(more)
     return fields

@@ -47,7 +47,7 @@ def rows(app: Onceonly, sql: str) -> list[Any]:
 
 
 #: What every log line about an event in the worker carries.
-FIELDS = ("event_pk", "provider", "event_id", "event_type", "attempt", "worker")
+FIELDS = ("event_pk", "provider", "event_id", "event_type", "tenant", "attempt", "worker")
 
 
 class Calls:
@@ -134,6 +134,7 @@ def test_failed_hook_per_attempt_dead_hook_once_and_log_fields(
         "provider": "stripe",
         "event_id": "evt_bad",
         "event_type": "charge.succeeded",
+        "tenant": "",
         "attempt": 2,
         "worker": "w-hooks",
     }

@@ -16,6 +16,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime, tzinfo
 from typing import Any, ClassVar, Literal, Self
 
 from .._exceptions import ConfigurationError, PayloadError, SignatureError
@@ -301,3 +302,29 @@ def as_event_id(value: Any, where: str) -> str:
 
 def optional_text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
+
+
+def object_text(value: Any) -> str | None:
+    """An object's id as text (numbers as their decimal text), or ``None``."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return str(value)
+    return optional_text(value)
+
+
+def moment(value: Any, *, zone: tzinfo = UTC) -> datetime | None:
+    """A provider's creation time: Unix seconds, or ISO 8601 text (a time
+    without an offset is in `zone`); ``None`` for anything else, never an
+    error: the time only orders an object's events."""
+    if isinstance(value, bool):
+        return None
+    try:
+        if isinstance(value, int | float):
+            return datetime.fromtimestamp(value, UTC)
+        if isinstance(value, str) and value:
+            parsed = datetime.fromisoformat(value)
+            return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=zone)
+    except (ValueError, OverflowError, OSError):
+        return None
+    return None

@@ -7,7 +7,7 @@ above this layer imports a driver. :mod:`.memory` is an in-process double for
 unit tests of code that sits on top of a store.
 
 Every dedup decision is the database's: ``insert_events`` is one
-``INSERT ... ON CONFLICT (provider, event_id) DO UPDATE SET duplicates =
+``INSERT ... ON CONFLICT (provider, tenant, event_id) DO UPDATE SET duplicates =
 duplicates + 1 ... RETURNING`` per batch. The returned counter tells a new row
 from an old one, and the same statement remembers the duplicate (how many, and
 when the last one came) for the dashboard and for whoever asks "did the gateway
@@ -25,11 +25,12 @@ from .idempotency import KeyStore
 
 __all__ = ["Store"]
 
-Key = tuple[str, str]
+#: The dedup key: (provider, tenant, event_id).
+Key = tuple[str, str, str]
 
 
 def collapse(events: Sequence[NewEvent]) -> tuple[list[NewEvent], dict[Key, int]]:
-    """The batch with each (provider, event_id) once, and for each key how many
+    """The batch with each (provider, tenant, event_id) once, and for each key how many
     further copies the batch held.
 
     PostgreSQL refuses to update one row twice in one statement ("ON CONFLICT
@@ -40,7 +41,7 @@ def collapse(events: Sequence[NewEvent]) -> tuple[list[NewEvent], dict[Key, int]
     unique: dict[Key, NewEvent] = {}
     extra: dict[Key, int] = {}
     for e in events:
-        key = (e.provider, e.event_id)
+        key = (e.provider, e.tenant, e.event_id)
         if key in unique:
             extra[key] = extra.get(key, 0) + 1
         else:
@@ -61,7 +62,7 @@ def receipts(
     out: list[Receipt] = []
     seen: set[Key] = set()
     for e in events:
-        key = (e.provider, e.event_id)
+        key = (e.provider, e.tenant, e.event_id)
         row_id, duplicates = returned[key]
         if key in seen:
             out.append(Receipt(duplicate=True, id=row_id))
@@ -111,7 +112,7 @@ class Store(ABC):
 
         A duplicate increments the existing row's ``duplicates`` and sets its
         ``last_duplicate_at``, in the same statement. Two events with the same
-        (provider, event_id) in one batch: the first is new, the second a
+        (provider, tenant, event_id) in one batch: the first is new, the second a
         duplicate, as if they had arrived one after the other. Returns only
         after the commit.
         """
@@ -132,8 +133,8 @@ class Store(ABC):
         """The event with this row id."""
 
     @abstractmethod
-    async def find_event(self, provider: str, event_id: str) -> Event | None:
-        """The event a provider knows by `event_id`."""
+    async def find_event(self, provider: str, event_id: str, tenant: str = "") -> Event | None:
+        """The event a provider knows by `event_id` (for `tenant`'s account)."""
 
     def idempotency_keys(self) -> KeyStore:
         """The Idempotency-Key records kept in this store (one key store per

@@ -29,7 +29,7 @@ class MemoryStore(Store):
 
     def __init__(self) -> None:
         self.events: dict[int, Event] = {}
-        self._keys: dict[tuple[str, str], int] = {}
+        self._keys: dict[tuple[str, str, str], int] = {}
         self._ids = itertools.count(1)
         #: Set to make every call raise StoreUnavailable, as an outage would.
         self.unavailable = False
@@ -65,7 +65,7 @@ class MemoryStore(Store):
         self.commits += 1
         receipts = []
         for e in events:
-            key = (e.provider, e.event_id)
+            key = (e.provider, e.tenant, e.event_id)
             if key in self._keys:
                 old_id = self._keys[key]
                 old = self.events[old_id]
@@ -86,6 +86,10 @@ class MemoryStore(Store):
                 received_at=datetime.now(UTC),
                 status=EventStatus.PENDING,
                 attempts=0,
+                tenant=e.tenant,
+                object_id=e.object_id,
+                occurred_at=e.occurred_at,
+                ordering_key=e.ordering_key,
             )
             receipts.append(Receipt(duplicate=False, id=row_id))
         return receipts
@@ -112,7 +116,7 @@ class MemoryStore(Store):
         self._check()
         return self.events.get(id)
 
-    async def find_event(self, provider: str, event_id: str) -> Event | None:
+    async def find_event(self, provider: str, event_id: str, tenant: str = "") -> Event | None:
         self._check()
-        row_id = self._keys.get((provider, event_id))
+        row_id = self._keys.get((provider, tenant, event_id))
         return self.events.get(row_id) if row_id else None

@@ -6,8 +6,8 @@ its version in ``onceonly_schema``; concurrent starters serialise on a lock
 receivers starting at once apply each migration exactly once. Never edit a
 released migration: add the next one.
 
-Partitioning note: the dedup key is ``UNIQUE (provider, event_id)``, which
-already contains ``provider``; a deployment that outgrows one table can
+Partitioning note: the dedup key is ``UNIQUE (provider, tenant, event_id)``,
+which already contains ``provider``; a deployment that outgrows one table can
 partition by ``LIST (provider)`` with the primary key extended to
 ``(provider, id)`` without changing what is unique.
 """
@@ -35,6 +35,10 @@ class Migration:
     version: int
     description: str
     statements: tuple[str, ...]
+    #: SQLite only: the migration rebuilds a table that others reference, so
+    #: it runs with ``foreign_keys`` off (dropping the old table would
+    #: otherwise cascade to its attempts and effects) and checks them after.
+    rebuilds: bool = False
 
 
 SCHEMA_TABLE = {
@@ -51,6 +55,22 @@ SCHEMA_TABLE = {
         " applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
     ),
 }
+
+# The events table's columns up to SQLite's migration 7, in order: what the
+# rebuild of migration 8 copies.
+_EVENT_COLUMNS_7 = (
+    "id, provider, event_id, event_type, body, headers, received_at, status, attempts,"
+    " run_after, lease_owner, lease_expires_at, fence, processed_at, handler, last_error,"
+    " duplicates, last_duplicate_at, payload_purged_at"
+)
+# The same on both engines: a search by the provider's object (a payment id)
+# across events, and the ordered claim (the earliest unfinished event of a key).
+_EVENTS_8_INDEXES = (
+    "CREATE INDEX onceonly_events_object_idx ON onceonly_events (object_id)"
+    " WHERE object_id IS NOT NULL",
+    "CREATE INDEX onceonly_events_ordering_idx ON onceonly_events (ordering_key, occurred_at, id)"
+    " WHERE ordering_key IS NOT NULL AND status IN ('pending', 'processing', 'failed')",
+)
 
 MIGRATIONS: dict[str, tuple[Migration, ...]] = {
     "sqlite": (
@@ -219,6 +239,57 @@ MIGRATIONS: dict[str, tuple[Migration, ...]] = {
             ),
         ),
         Migration(7, "dashboard sessions", (_SESSIONS.format(seconds="REAL"),)),
+        Migration(
+            8,
+            "tenants in the dedup key; object, creation time and ordering key of events",
+            (
+                # SQLite cannot change a table's UNIQUE constraint: the table is
+                # rebuilt (the documented create-copy-drop-rename procedure),
+                # with the new columns last, where ALTER TABLE would add them.
+                f"""CREATE TABLE onceonly_events_rebuilt (
+                    id INTEGER PRIMARY KEY AUTOINCREMENT,
+                    provider TEXT NOT NULL,
+                    event_id TEXT NOT NULL,
+                    event_type TEXT,
+                    body BLOB NOT NULL,
+                    headers TEXT NOT NULL,
+                    received_at TEXT NOT NULL DEFAULT ({_NOW_SQLITE}),
+                    status TEXT NOT NULL DEFAULT 'pending' CHECK (status IN ({_STATUSES})),
+                    attempts INTEGER NOT NULL DEFAULT 0,
+                    run_after REAL NOT NULL DEFAULT 0,
+                    lease_owner TEXT,
+                    lease_expires_at REAL,
+                    fence INTEGER NOT NULL DEFAULT 0,
+                    processed_at TEXT,
+                    handler TEXT,
+                    last_error TEXT,
+                    duplicates INTEGER NOT NULL DEFAULT 0,
+                    last_duplicate_at TEXT,
+                    payload_purged_at TEXT,
+                    tenant TEXT NOT NULL DEFAULT '',
+                    object_id TEXT,
+                    occurred_at REAL,
+                    ordering_key TEXT,
+                    UNIQUE (provider, tenant, event_id)
+                )""",
+                f"INSERT INTO onceonly_events_rebuilt ({_EVENT_COLUMNS_7})"
+                f" SELECT {_EVENT_COLUMNS_7} FROM onceonly_events",
+                # AUTOINCREMENT's promise (an id is never reused) survives the
+                # copy: the counter may be above max(id) after a purge.
+                "DELETE FROM sqlite_sequence WHERE name = 'onceonly_events_rebuilt'",
+                "INSERT INTO sqlite_sequence (name, seq) SELECT 'onceonly_events_rebuilt', seq"
+                " FROM sqlite_sequence WHERE name = 'onceonly_events'",
+                "DROP TABLE onceonly_events",
+                "ALTER TABLE onceonly_events_rebuilt RENAME TO onceonly_events",
+                "CREATE INDEX onceonly_events_status_idx ON onceonly_events (status, id)",
+                "CREATE INDEX onceonly_events_ready_idx ON onceonly_events (run_after, id)"
+                " WHERE status IN ('pending', 'failed')",
+                "CREATE INDEX onceonly_events_leased_idx ON onceonly_events (lease_expires_at)"
+                " WHERE status = 'processing'",
+                *_EVENTS_8_INDEXES,
+            ),
+            rebuilds=True,
+        ),
     ),
     "postgresql": (
         Migration(
@@ -399,6 +470,25 @@ MIGRATIONS: dict[str, tuple[Migration, ...]] = {
                     recorded_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
                     PRIMARY KEY (job_key, name)
                 )""",
+            ),
+        ),
+        Migration(
+            9,
+            "tenants in the dedup key; object, creation time and ordering key of events",
+            (
+                # Constant defaults: no table rewrite. The new unique index is
+                # built under the migration's lock (the table is locked while
+                # it builds: run it where a pause of receipt is acceptable).
+                "ALTER TABLE onceonly_events"
+                " ADD COLUMN tenant TEXT NOT NULL DEFAULT '',"
+                " ADD COLUMN object_id TEXT,"
+                " ADD COLUMN occurred_at TIMESTAMPTZ,"
+                " ADD COLUMN ordering_key TEXT",
+                "ALTER TABLE onceonly_events"
+                " DROP CONSTRAINT onceonly_events_provider_event_id_key,"
+                " ADD CONSTRAINT onceonly_events_provider_tenant_event_id_key"
+                " UNIQUE (provider, tenant, event_id)",
+                *_EVENTS_8_INDEXES,
             ),
         ),
     ),

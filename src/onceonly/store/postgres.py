@@ -36,15 +36,17 @@ __all__ = ["PostgresStore"]
 # A duplicate updates the row it collides with (counter and time) and comes
 # back in RETURNING with duplicates >= 1; a new row comes back with 0.
 _ON_CONFLICT = """
-ON CONFLICT (provider, event_id) DO UPDATE SET
+ON CONFLICT (provider, tenant, event_id) DO UPDATE SET
     duplicates = ev.duplicates + 1 + excluded.duplicates, last_duplicate_at = clock_timestamp()
-RETURNING provider, event_id, id, duplicates
+RETURNING provider, tenant, event_id, id, duplicates
 """
 _INSERT = (
     """
-INSERT INTO onceonly_events AS ev (provider, event_id, event_type, body, headers)
-SELECT p, e, t, b, h::jsonb
-FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[]) AS u(p, e, t, b, h)
+INSERT INTO onceonly_events AS ev
+    (provider, tenant, event_id, event_type, body, headers, object_id, occurred_at, ordering_key)
+SELECT p, n, e, t, b, h::jsonb, o, w, k
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[],
+            $7::text[], $8::timestamptz[], $9::text[]) AS u(p, n, e, t, b, h, o, w, k)
 """
     + _ON_CONFLICT
 )
@@ -53,10 +55,12 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[]) AS u(p,
 _INSERT_WITH_COPIES = (
     """
 INSERT INTO onceonly_events AS ev
-    (provider, event_id, event_type, body, headers, duplicates, last_duplicate_at)
-SELECT p, e, t, b, h::jsonb, d, CASE WHEN d > 0 THEN clock_timestamp() END
-FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::int[])
-    AS u(p, e, t, b, h, d)
+    (provider, tenant, event_id, event_type, body, headers, object_id, occurred_at, ordering_key,
+     duplicates, last_duplicate_at)
+SELECT p, n, e, t, b, h::jsonb, o, w, k, d, CASE WHEN d > 0 THEN clock_timestamp() END
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[],
+            $7::text[], $8::timestamptz[], $9::text[], $10::int[])
+    AS u(p, n, e, t, b, h, o, w, k, d)
 """
     + _ON_CONFLICT
 )
@@ -332,21 +336,27 @@ class PostgresStore(Store):
         if len(unique) > 1:
             # Rows locked in one order by every batch: two concurrent batches
             # holding the same keys wait for each other instead of deadlocking.
-            unique.sort(key=lambda e: (e.provider, e.event_id))
-        columns: tuple[list[Any], ...] = ([], [], [], [], [])
+            unique.sort(key=lambda e: (e.provider, e.tenant, e.event_id))
+        columns: tuple[list[Any], ...] = ([], [], [], [], [], [], [], [], [])
         for e in unique:
             columns[0].append(e.provider)
-            columns[1].append(e.event_id)
-            columns[2].append(e.event_type)
-            columns[3].append(e.body)
-            columns[4].append(json.dumps(dict(e.headers)))
+            columns[1].append(e.tenant)
+            columns[2].append(e.event_id)
+            columns[3].append(e.event_type)
+            columns[4].append(e.body)
+            columns[5].append(json.dumps(dict(e.headers)))
+            columns[6].append(e.object_id)
+            columns[7].append(e.occurred_at)
+            columns[8].append(e.ordering_key)
         async with self._connection() as conn:
             if extra:
-                copies = [extra.get((e.provider, e.event_id), 0) for e in unique]
+                copies = [extra.get((e.provider, e.tenant, e.event_id), 0) for e in unique]
                 rows = await conn.fetch(_INSERT_WITH_COPIES, *columns, copies)
             else:
                 rows = await conn.fetch(_INSERT, *columns)
-        returned = {(r["provider"], r["event_id"]): (r["id"], r["duplicates"]) for r in rows}
+        returned = {
+            (r["provider"], r["tenant"], r["event_id"]): (r["id"], r["duplicates"]) for r in rows
+        }
         return receipts(events, returned, extra)
 
     async def list_events(
@@ -376,11 +386,13 @@ class PostgresStore(Store):
             row = await conn.fetchrow(f"SELECT {_COLUMNS} FROM onceonly_events WHERE id = $1", id)
         return event_from_row(row) if row else None
 
-    async def find_event(self, provider: str, event_id: str) -> Event | None:
+    async def find_event(self, provider: str, event_id: str, tenant: str = "") -> Event | None:
         async with self._connection() as conn:
             row = await conn.fetchrow(
-                f"SELECT {_COLUMNS} FROM onceonly_events WHERE provider = $1 AND event_id = $2",
+                f"SELECT {_COLUMNS} FROM onceonly_events"
+                " WHERE provider = $1 AND tenant = $2 AND event_id = $3",
                 provider,
+                tenant,
                 event_id,
             )
         return event_from_row(row) if row else None

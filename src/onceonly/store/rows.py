@@ -38,6 +38,10 @@ EVENT_COLUMNS = (
     "duplicates",
     "last_duplicate_at",
     "payload_purged_at",
+    "tenant",
+    "object_id",
+    "occurred_at",
+    "ordering_key",
 )
 
 
@@ -55,9 +59,12 @@ class Row(Protocol):
     def __iter__(self) -> Iterator[Any]: ...
 
 
-def _moment(value: datetime | str | None) -> datetime | None:
+def _moment(value: datetime | str | float | None) -> datetime | None:
     if value is None or isinstance(value, datetime):
         return value
+    if isinstance(value, int | float):
+        # SQLite keeps the times the worker compares as Unix seconds.
+        return datetime.fromtimestamp(value, UTC)
     moment = datetime.fromisoformat(value)
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
@@ -86,6 +93,10 @@ def event_from_row(row: Row) -> Event:
         duplicates,
         last_duplicate_at,
         payload_purged_at,
+        tenant,
+        object_id,
+        occurred_at,
+        ordering_key,
     ) = row if len(row) == _WIDTH else tuple(row)[:_WIDTH]
     received = _moment(received_at)
     assert received is not None  # NOT NULL
@@ -103,6 +114,10 @@ def event_from_row(row: Row) -> Event:
         duplicates=duplicates,
         last_duplicate_at=_moment(last_duplicate_at),
         payload_purged_at=_moment(payload_purged_at),
+        tenant=tenant,
+        object_id=object_id,
+        occurred_at=_moment(occurred_at),
+        ordering_key=ordering_key,
     )
 
 

@@ -203,9 +203,18 @@ class _Builder:
             sa.Column("duplicates", sa.Integer, nullable=False),
             sa.Column("last_duplicate_at", d.stamp),
             sa.Column("payload_purged_at", d.stamp),
+            sa.Column("tenant", sa.Text, nullable=False),
+            sa.Column("object_id", sa.Text),
+            sa.Column("occurred_at", d.due),
+            sa.Column("ordering_key", sa.Text),
             sa.CheckConstraint(f"status IN ({_STATUSES})"),
             # The dedup key (G2): the database decides what is a duplicate.
-            self._unique("provider", "event_id", name="onceonly_events_provider_event_id_key"),
+            self._unique(
+                "provider",
+                "tenant",
+                "event_id",
+                name="onceonly_events_provider_tenant_event_id_key",
+            ),
             sa.Index("onceonly_events_status_idx", "status", "id"),
             self._partial(
                 "onceonly_events_ready_idx",
@@ -215,6 +224,14 @@ class _Builder:
             ),
             self._partial(
                 "onceonly_events_leased_idx", "lease_expires_at", where="status = 'processing'"
+            ),
+            self._partial("onceonly_events_object_idx", "object_id", where="object_id IS NOT NULL"),
+            self._partial(
+                "onceonly_events_ordering_idx",
+                "ordering_key",
+                "occurred_at",
+                "id",
+                where="ordering_key IS NOT NULL AND status IN ('pending', 'processing', 'failed')",
             ),
             sqlite_autoincrement=True,
         )

@@ -32,22 +32,23 @@ __all__ = ["SQLiteStore", "configure", "connect", "wal_mode"]
 T = TypeVar("T")
 
 # One multi-row statement per batch (measured a few % faster than a statement
-# per row); SQLite allows 32,766 parameters, five per row (six for a key that
+# per row); SQLite allows 32,766 parameters, nine per row (ten for a key that
 # the batch holds more than once).
 _NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
 _INSERT_HEAD = (
     "INSERT INTO onceonly_events"
-    " (provider, event_id, event_type, body, headers, duplicates, last_duplicate_at) VALUES "
+    " (provider, tenant, event_id, event_type, body, headers, object_id, occurred_at,"
+    " ordering_key, duplicates, last_duplicate_at) VALUES "
 )
-_ROW = "(?, ?, ?, ?, ?, 0, NULL)"
-_ROW_WITH_COPIES = f"(?, ?, ?, ?, ?, ?, {_NOW})"
+_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?, 0, NULL)"
+_ROW_WITH_COPIES = f"(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {_NOW})"
 _INSERT_TAIL = (
-    " ON CONFLICT (provider, event_id) DO UPDATE SET"
+    " ON CONFLICT (provider, tenant, event_id) DO UPDATE SET"
     " duplicates = onceonly_events.duplicates + 1 + excluded.duplicates,"
     f" last_duplicate_at = {_NOW}"
-    " RETURNING provider, event_id, id, duplicates"
+    " RETURNING provider, tenant, event_id, id, duplicates"
 )
-_ROWS_PER_STATEMENT = 5000
+_ROWS_PER_STATEMENT = 3000
 _COLUMNS = event_columns()
 
 # Errors that mean "the database cannot take this now" rather than a bug:
@@ -226,22 +227,42 @@ class SQLiteStore(Store):
 
     async def migrate(self) -> list[int]:
         def apply(conn: sqlite3.Connection) -> list[int]:
+            # A table rebuild must not cascade the old table's drop to the rows
+            # that reference it, and the pragma is ignored inside a
+            # transaction: it is set before BEGIN, for every run, since which
+            # migrations are pending is known only under the lock.
+            conn.execute("PRAGMA foreign_keys = OFF")
+            try:
+                return migrate_locked(conn)
+            finally:
+                conn.execute("PRAGMA foreign_keys = ON")
+
+        def migrate_locked(conn: sqlite3.Connection) -> list[int]:
             # BEGIN IMMEDIATE takes the write lock first, so two processes
             # migrating at once run one after the other.
             conn.execute("BEGIN IMMEDIATE")
-            conn.execute(migrations.SCHEMA_TABLE["sqlite"])
-            (current,) = conn.execute(
-                "SELECT coalesce(max(version), 0) FROM onceonly_schema"
-            ).fetchone()
-            applied = []
-            for migration in migrations.pending("sqlite", current):
-                for statement in migration.statements:
-                    conn.execute(statement)
-                conn.execute(
-                    "INSERT INTO onceonly_schema (version, description) VALUES (?, ?)",
-                    (migration.version, migration.description),
-                )
-                applied.append(migration.version)
+            try:
+                conn.execute(migrations.SCHEMA_TABLE["sqlite"])
+                (current,) = conn.execute(
+                    "SELECT coalesce(max(version), 0) FROM onceonly_schema"
+                ).fetchone()
+                applied = []
+                for migration in migrations.pending("sqlite", current):
+                    for statement in migration.statements:
+                        conn.execute(statement)
+                    if migration.rebuilds and conn.execute("PRAGMA foreign_key_check").fetchone():
+                        raise StoreError(
+                            f"migration {migration.version} would leave rows pointing at"
+                            " missing events; nothing was changed"
+                        )
+                    conn.execute(
+                        "INSERT INTO onceonly_schema (version, description) VALUES (?, ?)",
+                        (migration.version, migration.description),
+                    )
+                    applied.append(migration.version)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
             conn.execute("COMMIT")
             return applied
 
@@ -271,7 +292,7 @@ class SQLiteStore(Store):
             # Rows are built here, on the store's thread, to keep that work
             # (headers to JSON) off the event loop that answers requests.
             unique, extra = collapse(events)
-            returned: dict[tuple[str, str], tuple[int, int]] = {}
+            returned: dict[tuple[str, str, str], tuple[int, int]] = {}
             self.begin(conn)
             for start in range(0, len(unique), _ROWS_PER_STATEMENT):
                 chunk = unique[start : start + _ROWS_PER_STATEMENT]
@@ -280,20 +301,24 @@ class SQLiteStore(Store):
                 for e in chunk:
                     params += (
                         e.provider,
+                        e.tenant,
                         e.event_id,
                         e.event_type,
                         e.body,
                         json.dumps(dict(e.headers)),
+                        e.object_id,
+                        e.occurred_at.timestamp() if e.occurred_at is not None else None,
+                        e.ordering_key,
                     )
-                    copies = extra.get((e.provider, e.event_id)) if extra else None
+                    copies = extra.get((e.provider, e.tenant, e.event_id)) if extra else None
                     if copies:
                         params.append(copies)
                         rows.append(_ROW_WITH_COPIES)
                     else:
                         rows.append(_ROW)
                 sql = _INSERT_HEAD + ", ".join(rows) + _INSERT_TAIL
-                for provider, event_id, row_id, duplicates in conn.execute(sql, params):
-                    returned[(provider, event_id)] = (row_id, duplicates)
+                for provider, tenant, event_id, row_id, duplicates in conn.execute(sql, params):
+                    returned[(provider, tenant, event_id)] = (row_id, duplicates)
             conn.execute("COMMIT")
             return receipts(events, returned, extra)
 
@@ -332,8 +357,9 @@ class SQLiteStore(Store):
     async def get_event(self, id: int) -> Event | None:
         return await self._one(f"SELECT {_COLUMNS} FROM onceonly_events WHERE id = ?", (id,))
 
-    async def find_event(self, provider: str, event_id: str) -> Event | None:
+    async def find_event(self, provider: str, event_id: str, tenant: str = "") -> Event | None:
         return await self._one(
-            f"SELECT {_COLUMNS} FROM onceonly_events WHERE provider = ? AND event_id = ?",
-            (provider, event_id),
+            f"SELECT {_COLUMNS} FROM onceonly_events"
+            " WHERE provider = ? AND tenant = ? AND event_id = ?",
+            (provider, tenant, event_id),
         )

@@ -8,6 +8,7 @@ import pytest
 
 from onceonly import EventStatus, NewEvent, create_store
 from onceonly.store import migrations
+from onceonly.store.engine import create_engine
 
 
 def event(event_id: str, provider: str = "stripe", body: bytes = b"{}") -> NewEvent:
@@ -109,3 +110,78 @@ async def test_racing_stores_store_each_event_once(database_url: str, writers: i
     finally:
         for s in stores:
             await s.close()
+
+
+async def test_the_tenant_migration_keeps_events_their_attempts_and_unused_ids(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A deployment that ran before tenants existed: events, an attempt, an
+    # effect, and a purged top row (whose id must never come back).
+    tenant_version = next(
+        m.version for m in migrations.MIGRATIONS[_kind(database_url)] if "tenant" in m.description
+    )
+    before = {
+        kind: tuple(m for m in ms if m.version < tenant_version if kind == _kind(database_url))
+        or ms
+        for kind, ms in migrations.MIGRATIONS.items()
+    }
+    monkeypatch.setattr(migrations, "MIGRATIONS", before)
+    store = create_store(database_url, auto_migrate=False)
+    try:
+        await store.migrate()
+        engine = create_engine(database_url)
+        try:
+            empty = "x''" if store.engine == "sqlite" else "''"
+            with engine.begin() as conn:
+                first, second, third = (
+                    conn.exec_driver_sql(
+                        "INSERT INTO onceonly_events (provider, event_id, body, headers)"
+                        f" VALUES ('stripe', '{name}', {empty}, '{{}}') RETURNING id"
+                    ).scalar_one()
+                    for name in "abc"
+                )
+                conn.exec_driver_sql(
+                    "INSERT INTO onceonly_attempts (event_pk, attempt, worker, outcome)"
+                    f" VALUES ({first}, 1, 'w', 'failed')"
+                )
+                conn.exec_driver_sql(
+                    "INSERT INTO onceonly_effects (event_pk, name, key, outcome)"
+                    f" VALUES ({second}, 'charge', 'k', '1')"
+                )
+                conn.exec_driver_sql(f"DELETE FROM onceonly_events WHERE id = {third}")
+            monkeypatch.undo()
+            assert await store.migrate() == [
+                m.version
+                for m in migrations.MIGRATIONS[store.engine]
+                if m.version >= tenant_version
+            ]
+            with engine.begin() as conn:
+                attempts = conn.exec_driver_sql("SELECT event_pk FROM onceonly_attempts").all()
+                effects = conn.exec_driver_sql("SELECT event_pk FROM onceonly_effects").all()
+        finally:
+            engine.dispose()
+        assert attempts == [(first,)]
+        assert effects == [(second,)]
+        old = await store.find_event("stripe", "a")
+        assert old is not None
+        assert old.id == first
+        assert old.tenant == ""
+        # The same event id for another account is another event; for the
+        # same account, a duplicate; new rows never take the purged id.
+        again, other = await store.insert_events(
+            [event("a"), NewEvent("stripe", "a", None, b"{}", {}, tenant="acme")]
+        )
+        assert again.duplicate
+        assert again.id == first
+        assert not other.duplicate
+        assert other.id is not None
+        assert other.id > third
+        found = await store.find_event("stripe", "a", tenant="acme")
+        assert found is not None
+        assert found.tenant == "acme"
+    finally:
+        await store.close()
+
+
+def _kind(url: str) -> str:
+    return "sqlite" if url.startswith("sqlite") else "postgresql"

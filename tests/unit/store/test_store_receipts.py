@@ -25,16 +25,23 @@ def test_repeated_keys_are_sent_once_with_their_extra_count() -> None:
         ("stripe", "b"),
         ("github", "a"),
     ]
-    assert extra == {("stripe", "a"): 2}
+    assert extra == {("stripe", "", "a"): 2}
+
+
+def test_the_same_event_id_for_two_tenants_is_two_events() -> None:
+    batch = [event("a"), NewEvent("stripe", "a", None, b"{}", {}, tenant="acme"), event("a")]
+    unique, extra = collapse(batch)
+    assert [(e.tenant, e.event_id) for e in unique] == [("", "a"), ("acme", "a")]
+    assert extra == {("stripe", "", "a"): 1}
 
 
 def test_returned_counter_tells_new_rows_from_old_ones() -> None:
     batch = [event("new"), event("old"), event("new"), event("copied-old"), event("copied-old")]
     _, extra = collapse(batch)
     returned = {
-        ("stripe", "new"): (1, 1),  # inserted now, carrying its one copy
-        ("stripe", "old"): (2, 3),  # was there: 2 earlier duplicates + this one
-        ("stripe", "copied-old"): (3, 2),  # was there with 0: 1 + 1 copy
+        ("stripe", "", "new"): (1, 1),  # inserted now, carrying its one copy
+        ("stripe", "", "old"): (2, 3),  # was there: 2 earlier duplicates + this one
+        ("stripe", "", "copied-old"): (3, 2),  # was there with 0: 1 + 1 copy
     }
     got = receipts(batch, returned, extra)
     assert [r.duplicate for r in got] == [False, True, True, True, True]

@@ -73,6 +73,12 @@ class Event(models.Model):
     payload_purged_at: models.DateTimeField[datetime | None, datetime | None] = (
         models.DateTimeField("payload purged", null=True, blank=True)
     )
+    tenant: models.TextField[str, str] = models.TextField(
+        blank=True, help_text="The merchant account it arrived for (empty: the only one)."
+    )
+    object_id: models.TextField[str | None, str | None] = models.TextField(
+        "object id", null=True, blank=True, help_text="The provider's object (a payment's id)."
+    )
     # Raw as received: shown only through the dashboard's redaction (admin.py).
     body: models.BinaryField[bytes, bytes | memoryview] = models.BinaryField()
     headers: models.JSONField[Any, Any] = models.JSONField()

@@ -16,9 +16,19 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from datetime import timedelta, timezone
+from typing import Any
 
 from ...events import Delivery, EventInfo
-from ..base import Provider, any_match, as_event_id, json_object, optional_text
+from ..base import (
+    Provider,
+    any_match,
+    as_event_id,
+    json_object,
+    moment,
+    object_text,
+    optional_text,
+)
 
 __all__ = ["Asaas"]
 
@@ -39,7 +49,13 @@ class Asaas(Provider):
 
     def identify(self, delivery: Delivery) -> EventInfo:
         data = json_object(delivery)
-        return EventInfo(as_event_id(data.get("id"), "body id"), optional_text(data.get("event")))
+        return EventInfo(
+            as_event_id(data.get("id"), "body id"),
+            optional_text(data.get("event")),
+            object_id=_object_id(data),
+            # Asaas writes local times without an offset: Brasília's.
+            occurred_at=moment(data.get("dateCreated"), zone=BRASILIA),
+        )
 
     def sign(
         self,
@@ -51,3 +67,17 @@ class Asaas(Provider):
     ) -> dict[str, str]:
         # Nothing is computed: Asaas sends the configured token itself.
         return {"asaas-access-token": self.secrets[0]}
+
+
+#: Asaas's times carry no offset; they are Brasília's (UTC-3, no daylight
+#: saving since 2019).
+BRASILIA = timezone(timedelta(hours=-3))
+
+
+def _object_id(data: Mapping[str, Any]) -> str | None:
+    """The payment (or transfer, subscription...) the event is about: the
+    event's body names it under its kind (``"payment": {"id": "pay_..."}``)."""
+    for key, value in data.items():
+        if key != "id" and isinstance(value, Mapping) and (found := object_text(value.get("id"))):
+            return found
+    return None

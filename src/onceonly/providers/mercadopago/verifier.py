@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 from urllib.parse import urlencode
 
@@ -57,7 +58,9 @@ from ..base import (
     hmac_sha256,
     json_object,
     lookup,
+    moment,
     new_delivery_id,
+    object_text,
     optional_text,
     parse_unsigned_policy,
     sha256_hex,
@@ -171,9 +174,17 @@ class MercadoPago(TimestampedProvider):
         # Always set, so a header of the same name sent by the client can never
         # pass for the signed query string.
         extra = {"onceonly-verified": "true", "onceonly-query": urlencode(delivery.query)}
+        # The payment (or order) the notification is about, and when Mercado
+        # Pago created the notification.
+        object_id = object_text(
+            delivery.query.get("data.id") or delivery.query.get("id") or lookup(data, "data.id")
+        )
+        occurred_at = moment(data.get("date_created"))
         if not self._is_unsigned(delivery):
-            return EventInfo(self._signed_identity(delivery), event_type, extra)
-        return self._identify_unsigned(delivery, data, event_type, extra)
+            identity = self._signed_identity(delivery)
+            return EventInfo(identity, event_type, extra, object_id, occurred_at)
+        unsigned = self._identify_unsigned(delivery, data, event_type, extra)
+        return replace(unsigned, object_id=object_id, occurred_at=occurred_at)
 
     @staticmethod
     def _signed_identity(delivery: Delivery) -> str:

@@ -41,6 +41,7 @@ from ..base import (
     body_hash_id,
     json_object,
     lookup,
+    moment,
     parse_unsigned_policy,
     sha256_hex,
 )
@@ -131,7 +132,12 @@ class PagBank(Provider):
         if raw_id is None:
             return EventInfo(body_hash_id(delivery.body))
         object_id = as_event_id(raw_id, "body id")
-        return EventInfo(f"{object_id}:{_state(data)}", object_kind(object_id, data))
+        return EventInfo(
+            f"{object_id}:{_state(data)}",
+            object_kind(object_id, data),
+            object_id=object_id,
+            occurred_at=moment(data.get("updated_at") or data.get("created_at")),
+        )
 
     def sign(
         self,

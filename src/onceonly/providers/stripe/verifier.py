@@ -20,6 +20,9 @@ from ..base import (
     as_event_id,
     hmac_sha256,
     json_object,
+    lookup,
+    moment,
+    object_text,
     optional_text,
 )
 
@@ -67,4 +70,9 @@ class Stripe(TimestampedProvider):
 
     def identify(self, delivery: Delivery) -> EventInfo:
         data = json_object(delivery)
-        return EventInfo(as_event_id(data.get("id"), "body id"), optional_text(data.get("type")))
+        return EventInfo(
+            as_event_id(data.get("id"), "body id"),
+            optional_text(data.get("type")),
+            object_id=object_text(lookup(data, "data.object.id")),
+            occurred_at=moment(data.get("created")),
+        )
