@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from .context import Context, EffectError
     from .events import Delivery, Event, EventInfo, EventStatus, NewEvent, Receipt
     from .guard import Guard, JobConflict, JobInProgress
+    from .hooks import Failure
     from .inbox import GroupCommit, Inbox
     from .receiver import Receiver
     from .settings import (
@@ -60,6 +61,7 @@ _LAZY = {
     "EventStatus": "events",
     "NewEvent": "events",
     "Receipt": "events",
+    "Failure": "hooks",
     "Guard": "guard",
     "JobConflict": "guard",
     "JobInProgress": "guard",
@@ -106,6 +108,7 @@ __all__ = [
     "Event",
     "EventInfo",
     "EventStatus",
+    "Failure",
     "GroupCommit",
     "Guard",
     "HeadersTooLarge",

@@ -31,10 +31,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .clients import Target
 from .context import AttemptServices, Context, HandlerSavepoints
 from .handlers import RetryPolicy
+from .hooks import Failure
+from .logs import event_fields
 from .prefetch import prefetch
 from .store.engine import transaction
 from .store.work_queue import Claimed, WorkQueue
 from .store.write_lock import WriteLock
+from .tracing import TRACEPARENT_HEADER, Attributes
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
@@ -110,6 +113,8 @@ class BatchProcessor:
         self.outbox = outbox
         self.metrics = app.metrics
         self.max_attempts = app.settings.worker.max_attempts
+        self.hooks = app.hooks
+        self.tracing = app.tracing
         self._loop = loop
         self._delay = delay
         self.processed = 0
@@ -140,6 +145,8 @@ class BatchProcessor:
         contexts: list[Context] = []
         processed: list[tuple[Claimed, str]] = []
         failures: list[tuple[Claimed, Exception, str | None]] = []
+        #: For the failed-attempt hooks, and the events whose dead hooks were staged.
+        recorded: list[Failure] = []
         left: list[Claimed] = []
         started: float | None = None
         try:
@@ -157,9 +164,10 @@ class BatchProcessor:
                         log.warning(
                             "event %s: lease lost before processing; the new owner will finish it",
                             item.event.id,
+                            extra=event_fields(item.event, worker=self.owner),
                         )
                         continue
-                    outcome = self.attempt(
+                    outcome = self._traced_attempt(
                         conn, savepoints, item, contexts, prefetched.get(item.event.id, {})
                     )
                     if isinstance(outcome, tuple):
@@ -171,7 +179,7 @@ class BatchProcessor:
                 self.queue.mark_processed(conn, processed)
                 savepoints.close()
                 for item, exc, handler in failures:
-                    self._record_failure(conn, item, exc, handler)
+                    recorded.append(self._record_failure(conn, item, exc, handler))
         finally:
             for ctx in contexts:
                 ctx.end_attempt()
@@ -185,8 +193,20 @@ class BatchProcessor:
             failed=[i.event.provider for i, _, _ in failures if not self.is_last(i)],
             dead=[i.event.provider for i, _, _ in failures if self.is_last(i)],
         )
+        if log.isEnabledFor(logging.DEBUG):
+            for item, handler in processed:
+                log.debug(
+                    "event %s: processed by %s",
+                    item.event.id,
+                    handler,
+                    extra=event_fields(item.event, worker=self.owner, handler=handler),
+                )
+        # After the commit, never inside it: no lock waits on a hook.
+        if self.hooks.failed and recorded:
+            self.hooks.attempt_failed(recorded, self._loop)
         # One id per event, even when several of its handlers staged rows.
         staged = list(dict.fromkeys(c.event.id for c in contexts if c.staged))
+        staged += [f.event_pk for f in recorded if f.dead and self.hooks.dead]
         if staged:
             self.outbox.run_for(staged)
         return left
@@ -227,6 +247,7 @@ class BatchProcessor:
                 event.id,
                 event.provider,
                 event.event_type,
+                extra=event_fields(event, worker=self.owner),
             )
             return "(no handler registered)"
         services = AttemptServices(
@@ -236,6 +257,8 @@ class BatchProcessor:
             api_clients=self.app.api_clients,
             event_loop=self._loop,
             fetched=prefetched,
+            tracing=self.tracing,
+            worker=self.owner,
         )
         mine: list[Context] = []
         savepoints.arm()
@@ -280,9 +303,44 @@ class BatchProcessor:
             return RetryPolicy(self.max_attempts, self._delay)
         return route.policy(self.max_attempts, self._delay)
 
+    def _traced_attempt(
+        self,
+        conn: sa.Connection,
+        savepoints: HandlerSavepoints,
+        item: Claimed,
+        contexts: list[Context],
+        prefetched: dict[Target, Any],
+    ) -> Outcome:
+        """:meth:`attempt` inside an ``onceonly.handle`` span, a child of the
+        event's receive span (see :mod:`onceonly.tracing`)."""
+        if not self.tracing.enabled:
+            return self.attempt(conn, savepoints, item, contexts, prefetched)
+        event = item.event
+        attributes: Attributes = {
+            "onceonly.event_pk": event.id,
+            "onceonly.provider": event.provider,
+            "onceonly.event_id": event.event_id,
+            "onceonly.event_type": event.event_type or "",
+            "onceonly.attempt": event.attempts,
+            "onceonly.worker": self.owner,
+            "onceonly.tenant": event.tenant,
+        }
+        parent = event.headers.get(TRACEPARENT_HEADER)
+        with self.tracing.span("onceonly.handle", attributes, parent=parent, root=True) as span:
+            outcome = self.attempt(conn, savepoints, item, contexts, prefetched)
+            if span is not None:
+                if isinstance(outcome, tuple):
+                    self.tracing.failed(span, outcome[0])
+                    span.set_attribute("onceonly.dead", self.is_last(item))
+                    name = outcome[1]
+                else:
+                    name = outcome
+                span.set_attribute("onceonly.handler", name or "")
+        return outcome
+
     def _record_failure(
         self, conn: sa.Connection, item: Claimed, exc: Exception, handler: str | None
-    ) -> None:
+    ) -> Failure:
         attempt = item.event.attempts
         policy = self.retry_policy(item.event)
         dead = attempt >= policy.max_attempts
@@ -296,7 +354,9 @@ class BatchProcessor:
             "; now dead" if dead else f"; retry in {delay:.1f} s",
             type(exc).__name__,
             exc,
+            extra=event_fields(item.event, worker=self.owner, handler=handler, dead=dead),
         )
+        formatted = "".join(traceback.format_exception(exc))[-8000:]
         self.queue.mark_failed(
             conn, item, dead=dead, delay=delay, error=f"{type(exc).__name__}: {exc}"[:2000]
         )
@@ -307,8 +367,21 @@ class BatchProcessor:
             outcome="dead" if dead else "failed",
             error_type=type(exc).__qualname__,
             error_message=str(exc)[:2000],
-            traceback="".join(traceback.format_exception(exc))[-8000:],
+            traceback=formatted,
         )
+        failure = Failure.of(
+            item.event,
+            exc,
+            formatted,
+            handler=handler,
+            worker=self.owner,
+            max_attempts=policy.max_attempts,
+            dead=dead,
+        )
+        if dead:
+            # In the transaction that marks it dead: the hook call commits with the death.
+            self.hooks.stage_dead(conn, self.outbox.records, failure)
+        return failure
 
     def is_last(self, item: Claimed) -> bool:
         """Whether a failure of this attempt makes the event dead."""

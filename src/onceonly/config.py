@@ -35,6 +35,9 @@ Environment variables:
   but this machine, at least 16 characters) and ``ONCEONLY_DASHBOARD_REDACT``
   (payload fields hidden, e.g. ``card.number,payer.email``); see docs/dashboard.md.
 
+The CLI's own: ``ONCEONLY_LOG_FORMAT`` (``text`` or ``json``; see
+docs/observability.md for the log fields and the hooks).
+
 In code, build an :class:`Onceonly` and point the CLI at it with
 ``--app module:attribute``; what the object sets wins over the environment.
 Everything is read once into :class:`~onceonly.settings.Settings` (frozen and
@@ -56,6 +59,7 @@ import sqlalchemy as sa
 from ._exceptions import ConfigurationError
 from .clients import ApiClient, clients_from_environ
 from .handlers import Action, Backoff, Handler, HandlerRegistry
+from .hooks import FailureHook, FailureHooks
 from .inbox import Inbox
 from .providers import PROVIDER_CLASSES, Provider
 from .providers.base import env_name
@@ -67,6 +71,7 @@ from .settings import (
 )
 from .store import Store, create_store
 from .store.engine import create_engine, engine_kind
+from .tracing import Tracing
 
 if TYPE_CHECKING:
     from .batch import Transactions
@@ -79,6 +84,7 @@ if TYPE_CHECKING:
 
 H = TypeVar("H", bound=Handler)
 A = TypeVar("A", bound=Action)
+F = TypeVar("F", bound=FailureHook)
 T = TypeVar("T")
 
 __all__ = [
@@ -154,6 +160,11 @@ class Onceonly:
     object builds its store, engine, inbox, metrics and components from them;
     once one exists, the settings cannot change (build another object with
     :meth:`replace`).
+
+    `tracer_provider` (an OpenTelemetry ``TracerProvider``) is where spans
+    go; by default the global one, if an SDK set one up when the receiver or
+    worker is built. ``tracing=False`` turns spans off, ``True`` insists on
+    them (see docs/observability.md). Both need the ``otel`` extra.
     """
 
     database_url = _Setting[str]()
@@ -197,6 +208,8 @@ class Onceonly:
         dashboard_path: str | None = None,
         dashboard_token: str | None = None,
         dashboard_redact: str | Sequence[str] | None = None,
+        tracer_provider: Any = None,
+        tracing: bool | None = None,
         environ: Mapping[str, str] | None = None,
         settings: Settings | None = None,
     ) -> None:
@@ -233,6 +246,11 @@ class Onceonly:
             if not name or "/" in name:
                 raise ConfigurationError(f"provider route name {name!r} is not a path segment")
         self.handlers = HandlerRegistry()
+        #: The failed-attempt and dead hooks (@app.on_attempt_failed, @app.on_dead).
+        self.hooks = FailureHooks()
+        self._tracer_provider = tracer_provider
+        self._tracing_wanted = tracing
+        self._tracing: Tracing | None = None
         self._engine: sa.Engine | None = None
         self._effect_ledger: EffectLedger | None = None
         self._store: Store | None = None
@@ -262,6 +280,9 @@ class Onceonly:
         )
         twin.api_clients = dict(self.api_clients)
         twin.handlers = self.handlers
+        twin.hooks = self.hooks
+        twin._tracer_provider = self._tracer_provider
+        twin._tracing_wanted = self._tracing_wanted
         return twin
 
     def _change(self, name: str, value: Any) -> None:
@@ -297,7 +318,7 @@ class Onceonly:
     @property
     def inbox(self) -> Inbox:
         if self._inbox is None:
-            self._inbox = Inbox(self.store, self.providers)
+            self._inbox = Inbox(self.store, self.providers, tracing=self.tracing)
         return self._inbox
 
     @property
@@ -323,6 +344,16 @@ class Onceonly:
         if self._engine is None:
             self._engine = create_engine(self.database_url)
         return self._engine
+
+    @property
+    def tracing(self) -> Tracing:
+        """Where this deployment's spans go, decided on first use (see
+        :mod:`onceonly.tracing`): ``tracing.enabled`` False means nowhere."""
+        if self._tracing is None:
+            self._tracing = Tracing.create(
+                enabled=self._tracing_wanted, provider=self._tracer_provider
+            )
+        return self._tracing
 
     @property
     def effect_ledger(self) -> EffectLedger:
@@ -386,6 +417,31 @@ class Onceonly:
             return fn
 
         return register
+
+    def on_attempt_failed(self, hook: F) -> F:
+        """Register `hook(failure)`, called after each failed attempt of any
+        event's handler (the last one too) is recorded; best-effort::
+
+            @app.on_attempt_failed
+            def report(failure: Failure) -> None:
+                sentry_sdk.capture_exception(failure.exception)
+
+        See :class:`~onceonly.hooks.Failure` and docs/observability.md.
+        """
+        self.hooks.add_failed(hook)
+        return hook
+
+    def on_dead(self, hook: F) -> F:
+        """Register `hook(failure)`, called once when an event goes dead, even
+        across a worker crash (it is staged with the dead mark and run after
+        the commit, retried with the same ``failure.key`` if it raises)::
+
+            @app.on_dead
+            def page(failure: Failure) -> None:
+                slack.post(f"event {failure.event_id} is dead: {failure.error}")
+        """
+        self.hooks.add_dead(hook)
+        return hook
 
     def worker(
         self,

@@ -31,9 +31,11 @@ on. The answer is kept for the rest of the attempt; a retry reads it again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
-from collections.abc import Awaitable, Callable, Mapping
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -44,9 +46,11 @@ from ._exceptions import ConfigurationError, EffectError
 from .clients import ApiClient, Target
 from .events import Event
 from .ledger import EffectLedger
+from .logs import event_fields
 from .providers.base import env_name
 from .store.outbox import OutboxRecords
 from .store.savepoints import HandlerSavepoints  # re-exported: the batch opens them
+from .tracing import Attributes, Tracing
 
 __all__ = [
     "AttemptServices",
@@ -58,6 +62,9 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+log = logging.getLogger("onceonly.effects")
+_NO_TRACING = Tracing()
 
 
 def effect_key(provider: str, event_id: str, name: str) -> str:
@@ -92,6 +99,10 @@ class AttemptServices:
     fetched: Mapping[Target, dict[str, Any] | Exception] = field(default_factory=dict)
     #: The outbox's statements; by default those of the attempt's database.
     outbox: OutboxRecords | None = None
+    #: Where ``onceonly.effect`` spans go (none by default), and the worker's
+    #: name for the log lines.
+    tracing: Tracing = _NO_TRACING
+    worker: str | None = None
 
 
 @dataclass
@@ -119,6 +130,8 @@ class Context:
     #: Put before effect names: empty for an event's first handler, the
     #: handler's name and "/" for the others (see onceonly.handlers).
     _effect_prefix: str = ""
+    _tracing: Tracing = _NO_TRACING
+    _worker: str | None = None
 
     @classmethod
     def for_attempt(
@@ -143,6 +156,8 @@ class Context:
             _api_clients=services.api_clients,
             _event_loop=services.event_loop,
             _fetched=dict(services.fetched),
+            _tracing=services.tracing,
+            _worker=services.worker,
         )
 
     @property
@@ -179,23 +194,58 @@ class Context:
         On a retry whose earlier attempt recorded an outcome, `call` is not
         called and the recorded outcome (as JSON round-tripped) is returned.
         """
-        found, outcome = self._recorded(name)
-        if found:
-            return outcome  # type: ignore[no-any-return]
-        key = self.effect_key(name)
-        result = call(key)
-        self._record(name, key, result)
-        return result
+        with self._effect_span(name) as note:
+            found, outcome = self._recorded(name)
+            if found:
+                note(reused=True)
+                return outcome  # type: ignore[no-any-return]
+            key = self.effect_key(name)
+            result = call(key)
+            self._record(name, key, result)
+            note(reused=False)
+            return result
 
     async def aeffect(self, name: str, call: Callable[[str], Awaitable[T]]) -> T:
         """:meth:`effect` for a coroutine function."""
-        found, outcome = self._recorded(name)
-        if found:
-            return outcome  # type: ignore[no-any-return]
-        key = self.effect_key(name)
-        result = await call(key)
-        self._record(name, key, result)
-        return result
+        with self._effect_span(name) as note:
+            found, outcome = self._recorded(name)
+            if found:
+                note(reused=True)
+                return outcome  # type: ignore[no-any-return]
+            key = self.effect_key(name)
+            result = await call(key)
+            self._record(name, key, result)
+            note(reused=False)
+            return result
+
+    @contextlib.contextmanager
+    def _effect_span(self, name: str) -> Iterator[Callable[..., None]]:
+        """An ``onceonly.effect`` span (a child of the attempt's) around one
+        effect, and a log line saying whether it was called or reused."""
+
+        def note(*, reused: bool) -> None:
+            if span is not None:
+                span.set_attribute("onceonly.effect.reused", reused)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "event %s: effect %r %s",
+                    self.event.id,
+                    name,
+                    "reused its recorded outcome" if reused else "called and recorded",
+                    extra=event_fields(self.event, worker=self._worker, effect=name, reused=reused),
+                )
+
+        attributes: Attributes | None = (
+            {
+                "onceonly.effect": name,
+                "onceonly.event_pk": self.event.id,
+                "onceonly.attempt": self.attempt,
+            }
+            if self._tracing.enabled
+            else None
+        )
+        with self._tracing.span("onceonly.effect", attributes) as span:
+            yield note
 
     async def afetch(self, kind: str | None = None) -> dict[str, Any]:
         """The object this event points to, as the provider's API has it now.

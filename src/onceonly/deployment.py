@@ -21,9 +21,11 @@ if TYPE_CHECKING:
 
     from .clients import ApiClient
     from .handlers import HandlerRegistry
+    from .hooks import FailureHooks
     from .ledger import EffectLedger
     from .metrics import Metrics
     from .settings import Settings
+    from .tracing import Tracing
 
 __all__ = ["Deployment"]
 
@@ -38,6 +40,14 @@ class Deployment(Protocol):
     @property
     def handlers(self) -> HandlerRegistry:
         """Handlers and outbox actions, by provider and event type."""
+
+    @property
+    def hooks(self) -> FailureHooks:
+        """The failed-attempt and dead hooks."""
+
+    @property
+    def tracing(self) -> Tracing:
+        """Where spans go (possibly nowhere: ``tracing.enabled``)."""
 
     @property
     def api_clients(self) -> Mapping[str, ApiClient]:

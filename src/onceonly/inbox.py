@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from ._exceptions import PayloadError, StoreRejected, UnknownProvider
 from .batching import GroupCommit
@@ -11,8 +13,14 @@ from .events import Delivery, NewEvent, Receipt
 from .headers import ReadHeaders
 from .providers import Provider
 from .store import Store
+from .tracing import TRACEPARENT_HEADER, Tracing
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 __all__ = ["GroupCommit", "Inbox"]
+
+log = logging.getLogger("onceonly.receiver")
 
 #: Longest event id or type stored. Providers' ids are a few dozen characters
 #: (Stripe's ``evt_`` ids, UUIDs, Mercado Pago's numbers); the bound keeps a
@@ -55,11 +63,16 @@ class Inbox:
     database cannot take the event now.
     """
 
-    def __init__(self, store: Store, providers: Mapping[str, Provider]) -> None:
+    def __init__(
+        self, store: Store, providers: Mapping[str, Provider], *, tracing: Tracing | None = None
+    ) -> None:
         self.store = store
         self.providers = dict(providers)
+        self.tracing = tracing or Tracing()
+        # Decided once: without tracing the hot path has not even a wrapper call.
+        flush = self._traced_commit if self.tracing.enabled else store.insert_events
         self.commits: GroupCommit[NewEvent, Receipt] = GroupCommit(
-            store.insert_events, max_in_flight=store.commit_concurrency
+            flush, max_in_flight=store.commit_concurrency
         )
 
     def provider(self, name: str) -> Provider:
@@ -69,6 +82,39 @@ class Inbox:
             raise UnknownProvider(f"no provider is configured under {name!r}") from None
 
     async def receive(self, delivery: Delivery) -> Receipt:
+        if self.tracing.enabled:
+            return await self._traced_receive(delivery)
+        return await self._receive(delivery, None)
+
+    async def _traced_receive(self, delivery: Delivery) -> Receipt:
+        """:meth:`receive` in an ``onceonly.receive`` span, which lasts until
+        the commit that holds the event (see :mod:`onceonly.tracing`)."""
+        # The sender's traceparent is its claim, not ours to build on: a link.
+        sender = delivery.headers.get("traceparent")
+        with self.tracing.span(
+            "onceonly.receive",
+            {"onceonly.provider": delivery.provider, "onceonly.tenant": delivery.tenant},
+            links=(sender,),
+        ) as span:
+            receipt = await self._receive(delivery, span)
+            if span is not None:
+                span.set_attribute("onceonly.duplicate", receipt.duplicate)
+                if receipt.id is not None:
+                    span.set_attribute("onceonly.event_pk", receipt.id)
+            return receipt
+
+    async def _traced_commit(self, batch: Sequence[NewEvent]) -> Sequence[Receipt]:
+        """One group commit as an ``onceonly.commit`` span of its own, linked
+        to the receive span of each request it holds."""
+        with self.tracing.span(
+            "onceonly.commit",
+            {"onceonly.events": len(batch)},
+            root=True,
+            links=(event.headers.get(TRACEPARENT_HEADER) for event in batch),
+        ):
+            return await self.store.insert_events(batch)
+
+    async def _receive(self, delivery: Delivery, span: Span | None) -> Receipt:
         provider = self.provider(delivery.provider)
         headers = ReadHeaders(delivery.headers)
         delivery = Delivery(
@@ -80,18 +126,44 @@ class Inbox:
         _check_text(info.event_id, "event id")
         if info.event_type is not None:
             _check_text(info.event_type, "event type")
+        kept = headers.kept(info.extra_headers)
+        # Only our own receive span names the trace an event's processing joins.
+        kept.pop(TRACEPARENT_HEADER, None)
+        if span is not None:
+            span.set_attribute("onceonly.event_id", info.event_id)
+            span.set_attribute("onceonly.event_type", info.event_type or "")
+            traceparent = self.tracing.traceparent(span)
+            if traceparent is not None:
+                kept[TRACEPARENT_HEADER] = traceparent
         event = NewEvent(
             provider=delivery.provider,
             event_id=info.event_id,
             event_type=info.event_type,
             body=delivery.body,
-            headers=headers.kept(info.extra_headers),
+            headers=kept,
             tenant=delivery.tenant,
             object_id=_optional_text(info.object_id),
             occurred_at=info.occurred_at,
         )
         try:
-            return await self.commits.submit(event)
+            receipt = await self.commits.submit(event)
         except StoreRejected as exc:
             # Refused alone (see batching): this event only, never its neighbours.
             raise PayloadError(f"the database cannot store this event: {exc}") from None
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "event %s (%s %s): %s",
+                receipt.id,
+                delivery.provider,
+                info.event_id,
+                "duplicate delivery" if receipt.duplicate else "received",
+                extra={
+                    "event_pk": receipt.id,
+                    "provider": delivery.provider,
+                    "event_id": info.event_id,
+                    "event_type": info.event_type,
+                    "tenant": delivery.tenant,
+                    "duplicate": receipt.duplicate,
+                },
+            )
+        return receipt

@@ -25,7 +25,7 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import sqlalchemy as sa
 
@@ -50,7 +50,7 @@ class OutboxRunner:
         self,
         engine: sa.Engine,
         records: OutboxRecords,
-        actions: dict[str, Action],
+        actions: Mapping[str, Action],
         *,
         owner: str,
         lease: float,

@@ -38,12 +38,14 @@ from ._exceptions import LeaseLost, StoreError, StoreUnavailable
 from .backoff import backoff
 from .batch import BatchProcessor, Claimed, Transactions
 from .leases import LeaseKeeper
+from .logs import event_fields
 from .outbox import OutboxRunner
 from .store import migrate_blocking
 from .store.engine import write_lock_of
 from .store.notifications import EventNotifications
 from .store.outbox import OutboxRecords
 from .store.work_queue import WorkQueue
+from .tracing import TRACEPARENT_HEADER
 
 if TYPE_CHECKING:
     from .deployment import Deployment
@@ -115,7 +117,8 @@ class Worker:
         self.outbox = OutboxRunner(
             self.engine,
             OutboxRecords(self.kind),
-            app.handlers.actions,
+            # The dead hooks' calls are outbox rows too (see onceonly.hooks).
+            app.hooks.actions(app.handlers.actions),
             owner=self.name,
             lease=settings.outbox_lease,
             max_attempts=settings.max_attempts,
@@ -245,6 +248,7 @@ class Worker:
     # Claiming.
 
     def _claim(self, n: int) -> list[Claimed]:
+        started_ns = time.time_ns()
         try:
             claimed = self.queue.claim(self.engine, n, owner=self.name, lease=self.lease)
         except StoreError as exc:
@@ -260,7 +264,29 @@ class Worker:
             log.info("database reachable again after %d failed claims", self._db_failures)
             self._db_failures = 0
         self.metrics.worker_database_ok()
+        if claimed:
+            self._claimed(claimed, started_ns)
         return claimed
+
+    def _claimed(self, claimed: list[Claimed], started_ns: int) -> None:
+        """The log lines and the ``onceonly.claim`` span of a claim that found
+        events (an empty poll, every 0.1 s on SQLite, is worth neither)."""
+        if log.isEnabledFor(logging.DEBUG):
+            for item in claimed:
+                log.debug(
+                    "event %s: claimed (attempt %d)",
+                    item.event.id,
+                    item.event.attempts,
+                    extra=event_fields(item.event, worker=self.name),
+                )
+        tracing = self.app.tracing
+        if tracing.enabled:
+            tracing.record(
+                "onceonly.claim",
+                started_ns,
+                {"onceonly.worker": self.name, "onceonly.claimed": len(claimed)},
+                links=(c.event.headers.get(TRACEPARENT_HEADER) for c in claimed),
+            )
 
     def _database_failed(self, operation: str, exc: BaseException) -> None:
         self.metrics.worker_database_error(operation)

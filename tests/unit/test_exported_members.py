@@ -31,6 +31,7 @@ ONCEONLY = {
     "Event",
     "EventInfo",
     "EventStatus",
+    "Failure",
     "GroupCommit",
     "Guard",
     "HeadersTooLarge",

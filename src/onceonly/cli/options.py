@@ -23,6 +23,7 @@ from ..config import Onceonly, load_app
 from ..store import Store
 
 __all__ = [
+    "LOG_FORMAT",
     "LOG_LEVEL",
     "app_options",
     "configure_logging",
@@ -109,12 +110,30 @@ LOG_LEVEL = click.option(
 )
 
 
-def configure_logging(level: str) -> None:
+LOG_FORMAT = click.option(
+    "--log-format",
+    default="text",
+    show_default=True,
+    envvar="ONCEONLY_LOG_FORMAT",
+    type=click.Choice(["text", "json"]),
+    help="json: one JSON object per line, with each event's fields (event_pk, provider, "
+    "event_id, event_type, attempt, worker) at the top level. [env: ONCEONLY_LOG_FORMAT]",
+)
+
+
+def configure_logging(level: str, log_format: str = "text") -> None:
     import logging
 
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    if log_format != "json":
+        logging.basicConfig(
+            level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+        return
+    from ..logs import JsonFormatter
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter())
+    logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
 def duration_option(value: str | None, option: str) -> timedelta | None:

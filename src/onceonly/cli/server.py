@@ -7,7 +7,15 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .._version import __version__
-from .options import LOG_LEVEL, app_options, configure_logging, errors, fail_cleanly, load
+from .options import (
+    LOG_FORMAT,
+    LOG_LEVEL,
+    app_options,
+    configure_logging,
+    errors,
+    fail_cleanly,
+    load,
+)
 
 if TYPE_CHECKING:
     from ..config import Onceonly
@@ -21,6 +29,7 @@ __all__ = ["run_worker", "serve", "worker"]
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
 @LOG_LEVEL
+@LOG_FORMAT
 @click.option(
     "--access-log/--no-access-log",
     default=False,
@@ -68,6 +77,7 @@ def serve(
     host: str,
     port: int,
     log_level: str,
+    log_format: str,
     access_log: bool,
     with_worker: bool,
     concurrency: int,
@@ -102,8 +112,11 @@ def serve(
         f"onceonly {__version__}: database {app.store.url}, "
         f"providers: {', '.join(sorted(app.providers)) or 'none'}"
     )
-    configure_logging(log_level)
+    configure_logging(log_level, log_format)
     server = for_serve(app, app.asgi(), host=host, port=port)
+    # JSON: uvicorn's own loggers go through the root handler too, instead of
+    # its text configuration.
+    log_config: dict[str, Any] = {"log_config": None} if log_format == "json" else {}
 
     def run_server() -> None:
         uvicorn.run(
@@ -114,6 +127,7 @@ def serve(
             access_log=access_log,
             lifespan="on",
             timeout_graceful_shutdown=10,
+            **log_config,
         )
 
     if not with_worker:
@@ -135,6 +149,7 @@ def serve(
     help="Events handled at once (threads).",
 )
 @LOG_LEVEL
+@LOG_FORMAT
 @click.option(
     "--metrics-port",
     type=click.IntRange(1, 65535),
@@ -152,6 +167,7 @@ def worker(
     database_url: str | None,
     concurrency: int,
     log_level: str,
+    log_format: str = "text",
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
 ) -> None:
@@ -167,6 +183,7 @@ def worker(
         app,
         app.worker(concurrency=concurrency),
         log_level=log_level,
+        log_format=log_format,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
         no_handler_hint="Pass --app module:attribute.",
@@ -178,6 +195,7 @@ def run_worker(
     runner: Worker,
     *,
     log_level: str,
+    log_format: str = "text",
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
     no_handler_hint: str = "",
@@ -187,7 +205,7 @@ def run_worker(
     Django app's ``manage.py onceonly_worker``): logging, the warnings, the
     metrics port, SIGTERM and Ctrl-C as a clean stop. With `until_idle`,
     return once nothing is due (at most that many seconds)."""
-    configure_logging(log_level)
+    configure_logging(log_level, log_format)
     # From here on SIGTERM means "stop cleanly", even while still starting up
     # (a deploy may stop a worker that has not claimed anything yet).
     runner.install_signals()

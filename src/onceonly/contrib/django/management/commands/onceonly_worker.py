@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from argparse import ArgumentParser
 from typing import Any
 
@@ -53,6 +54,13 @@ class Command(BaseCommand):
             help="Log level of onceonly's loggers (default: info).",
         )
         parser.add_argument(
+            "--log-format",
+            default=os.environ.get("ONCEONLY_LOG_FORMAT", "text"),
+            choices=["text", "json"],
+            help="json: one JSON object per line with each event's fields "
+            "(default: text, or ONCEONLY_LOG_FORMAT).",
+        )
+        parser.add_argument(
             "--metrics-port",
             type=int,
             metavar="PORT",
@@ -80,6 +88,7 @@ class Command(BaseCommand):
             app,
             runner,
             log_level=options["log_level"],
+            log_format=options["log_format"],
             metrics_port=options["metrics_port"],
             metrics_host=options["metrics_host"],
             no_handler_hint="Register them with @handler in an installed app's webhooks.py.",
