@@ -14,6 +14,11 @@ slow answers), so tests and local development exercise the client's retries.
 - pagbank ``charge``: ``GET /charges/{id}``, Bearer
 - pagbank ``notification`` (legacy PagSeguro):
   ``GET /v3/transactions/notifications/{code}?email=<email>&token=<token>``
+- pagarme ``order`` / ``charge``: ``GET /core/v5/orders/{id}``,
+  ``GET /core/v5/charges/{id}``, HTTP Basic with the token as the user
+- efi ``token``: ``POST /oauth/token``, HTTP Basic ``<any client id>:<token>``,
+  answers an access token derived from the token (no state kept)
+- efi ``pix``: ``GET /v2/pix/{e2eid}``, ``Authorization: Bearer <that access token>``
 
 The paths do not overlap, so one server serves every provider at once. The
 legacy PagSeguro lookup answers XML (``<transaction>`` built from the stored
