@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import random
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,11 +19,24 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+)
 
-from onceonly import ConfigurationError, Delivery, NotFetchable, PayloadError, SignatureError
+from onceonly import (
+    ConfigurationError,
+    Delivery,
+    DeliveryRejected,
+    NotFetchable,
+    PayloadError,
+    SignatureError,
+)
 from onceonly.clients import EfiClient, PagarmeClient, Target
 from onceonly.events import Event, EventStatus
-from onceonly.providers import PROVIDER_CLASSES, Efi, Pagarme
+from onceonly.providers import PROVIDER_CLASSES, Efi, Pagarme, Provider, StandardWebhooks
 
 # Pagar.me.
 
@@ -295,3 +309,95 @@ def test_efi_client_fetches_one_pix_never_guesses_among_several() -> None:
     with pytest.raises(ConfigurationError, match="not a file"):
         EfiClient("id", "secret", cert="/nonexistent/efi.pem")
     assert EfiClient.from_environ({"ONCEONLY_EFI_API_CLIENT_ID": "id"}, "efi") is None
+
+
+# Hostile input: anything a sender posts is accepted or a DeliveryRejected
+# (a 4xx from the receiver), never another exception (a 500).
+
+
+def fuzz_text(rng: random.Random) -> str:
+    pieces = [
+        "alg=RS256",
+        "kid=k1",
+        "signature=",
+        "; ",
+        "=",
+        "Basic ",
+        "v1a,",
+        "v1,",
+        " ",
+        "%%",
+        "9" * rng.randint(1, 3000),
+        base64.b64encode(rng.randbytes(rng.choice([12, 64, 256]))).decode(),
+        b64url(rng.randbytes(256)),
+        "".join(chr(rng.randrange(256)) for _ in range(rng.randrange(12))),
+    ]
+    return "".join(rng.choice(pieces) for _ in range(rng.randint(0, 6)))
+
+
+def fuzz_body(rng: random.Random, valid: bytes) -> bytes:
+    values: list[object] = [None, True, 7, 10**40, "x", "", [], {}, {"id": None}, 1.5]
+    item = {k: rng.choice(values) for k in ("endToEndId", "txid", "devolucoes")}
+    choices = [
+        valid,
+        rng.randbytes(rng.randrange(64)),
+        json.dumps({"pix": rng.choice([[item], item, [item, "x"], None])}).encode(),
+        json.dumps({"id": rng.choice(values), "type": rng.choice(values)}).encode(),
+        json.dumps({"pix": [{**PIX, "devolucoes": rng.choice([[{"id": 1}], ["x"], 3])}]}).encode(),
+        b"[" * 3000 + b"]" * 3000,
+        fuzz_text(rng).encode("latin-1"),
+    ]
+    return rng.choice(choices)
+
+
+@pytest.mark.parametrize("name", ["pagarme", "efi", "standardwebhooks-v1a"])
+def test_fuzzed_deliveries_only_raise_delivery_rejected(
+    name: str, tmp_path: Path, keys: tuple[rsa.RSAPrivateKey, rsa.RSAPrivateKey]
+) -> None:
+    signer, _ = keys
+    rng = random.Random(f"onceonly-fuzz-{name}")
+    provider: Provider
+    if name == "pagarme":
+        provider = Pagarme([CREDENTIALS, jwks_file(tmp_path, jwk(signer, "k1"))])
+        valid, names = BODY, ["authorization", "x-webhook-asymmetric-signature"]
+    elif name == "efi":
+        provider = Efi("s", client_cert_header="x-ssl-client-verify")
+        valid, names = efi_body(PIX), ["x-ssl-client-verify"]
+    else:
+        ed = Ed25519PrivateKey.generate()
+        seed = ed.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+        provider = StandardWebhooks("whsk_" + base64.b64encode(seed).decode())
+        valid, names = BODY, ["webhook-id", "webhook-timestamp", "webhook-signature"]
+    escaped: dict[str, str] = {}
+    accepted = 0
+    for _ in range(150):
+        body = fuzz_body(rng, valid)
+        if name == "pagarme":
+            raw = signer.sign(body, padding.PKCS1v15(), hashes.SHA256())
+            headers = {
+                "authorization": basic(),
+                "x-webhook-asymmetric-signature": f"alg=RS256; kid=k1; signature={b64url(raw)}",
+            }
+        else:
+            headers = provider.sign(body)
+        query = provider.sign_query({})
+        for header in names:
+            roll = rng.random()
+            if roll < 0.2:
+                headers[header] = fuzz_text(rng)
+            elif roll < 0.3:
+                headers.pop(header, None)
+        if rng.random() < 0.2:
+            query["hmac"] = fuzz_text(rng)
+        item = Delivery(provider.name, body, headers, query)
+        try:
+            provider.verify(item)
+            provider.identify(item)
+            accepted += 1
+        except DeliveryRejected:
+            pass
+        except Exception as exc:
+            key = f"{type(exc).__name__}: {str(exc)[:80]}"
+            escaped.setdefault(key, f"headers={headers!r:.200} body={body[:60]!r}")
+    assert not escaped, "\n".join(f"{k}\n    e.g. {v}" for k, v in escaped.items())
+    assert accepted > 0
