@@ -225,8 +225,10 @@ def efi_body(*items: dict[str, Any]) -> bytes:
     return json.dumps({"pix": list(items)}).encode()
 
 
-def efi(query: dict[str, str], body: bytes = efi_body(PIX), **headers: str) -> Delivery:
-    return Delivery("efi", body, headers, query)
+def efi(
+    query: dict[str, str], body: bytes = efi_body(PIX), headers: dict[str, str] | None = None
+) -> Delivery:
+    return Delivery("efi", body, headers or {}, query)
 
 
 def test_efi_hmac_query_secret() -> None:
@@ -242,13 +244,13 @@ def test_efi_hmac_query_secret() -> None:
 
 def test_efi_proxy_client_certificate_header() -> None:
     p = Efi("s", client_cert_header="X-SSL-Client-Verify")
-    p.verify(efi({"hmac": "s"}, **{"x-ssl-client-verify": "SUCCESS"}))
+    p.verify(efi({"hmac": "s"}, headers={"x-ssl-client-verify": "SUCCESS"}))
     for verdict in ({"x-ssl-client-verify": "FAILED:unable to verify"}, {}):
         with pytest.raises(SignatureError, match="client certificate"):
-            p.verify(efi({"hmac": "s"}, **verdict))
+            p.verify(efi({"hmac": "s"}, headers=verdict))
     # The hmac is required even behind the proxy.
     with pytest.raises(SignatureError):
-        p.verify(efi({}, **{"x-ssl-client-verify": "SUCCESS"}))
+        p.verify(efi({}, headers={"x-ssl-client-verify": "SUCCESS"}))
     assert p.sign(b"") == {"x-ssl-client-verify": "SUCCESS"}
     env = PROVIDER_CLASSES["efi"].from_environ(
         {

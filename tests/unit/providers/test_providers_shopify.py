@@ -154,9 +154,12 @@ def test_from_environ() -> None:
 # Shopify's Events deliveries drop the X- prefix: Shopify-Hmac-Sha256, ...
 
 
-def events_headers(**kwargs: str) -> dict[str, str]:
+def events_headers(
+    secret: str = SECRET, topic: str = "orders/create", webhook_id: str = WEBHOOK_ID
+) -> dict[str, str]:
     """The same delivery as Events sends it: every name without ``x-``."""
-    return {name.removeprefix("x-"): value for name, value in headers(**kwargs).items()}
+    classic = headers(secret=secret, topic=topic, webhook_id=webhook_id)
+    return {name.removeprefix("x-"): value for name, value in classic.items()}
 
 
 def test_events_header_names_are_verified_and_identified() -> None:
