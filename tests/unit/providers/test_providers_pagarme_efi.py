@@ -234,9 +234,10 @@ def efi(
 def test_efi_hmac_query_secret() -> None:
     p = Efi(["new-secret", "old-secret"])
     p.verify(efi({"hmac": "old-secret", "ignorar": "/pix"}))
+    p.verify(efi({"hmac": "new-secret/pix"}))  # registered without "&ignorar="
     assert p.sign_query({"x": "1"}) == {"x": "1", "hmac": "new-secret", "ignorar": "/pix"}
     assert p.sign(b"") == {}
-    for query in ({"hmac": "guess"}, {}, {"hmac": ""}, {"HMAC": "new-secret"}):
+    for query in ({"hmac": "guess"}, {}, {"hmac": ""}, {"HMAC": "new-secret"}, {"hmac": "/pix"}):
         with pytest.raises(SignatureError) as caught:
             p.verify(efi(query))
         assert caught.value.status == 401

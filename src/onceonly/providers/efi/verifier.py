@@ -20,7 +20,9 @@ proxy (nginx ``ssl_verify_client on``). onceonly checks, per delivery:
 
 Efí appends ``/pix`` to the registered URL; registering it with a trailing
 ``&ignorar=`` parameter makes that suffix land in an ignored query parameter
-(``?hmac=...&ignorar=/pix``), so the route stays ``/webhooks/efi``.
+(``?hmac=...&ignorar=/pix``), so the route stays ``/webhooks/efi``; without
+it, the suffix sticks to the secret (``?hmac=<secret>/pix``), which is
+accepted too.
 
 The body is ``{"pix": [{"endToEndId", "txid", "valor", "horario", ...}]}``,
 and one delivery can carry **several** Pix. A delivery is one event (see
@@ -118,7 +120,11 @@ class Efi(Provider):
         given = delivery.query.get(HMAC_PARAM, "").strip()
         if not given:
             raise self.reject(f"missing {HMAC_PARAM} query parameter")
-        if not any_match((_digest(s) for s in self.secrets), [_digest(given)]):
+        # Registered without the trailing "&ignorar=", the "/pix" Efí appends
+        # to the URL sticks to the secret: accept it there too (it adds no
+        # way in: the secret itself still has to be right).
+        candidates = [given, given.removesuffix("/pix")] if given.endswith("/pix") else [given]
+        if not any_match((_digest(s) for s in self.secrets), [_digest(c) for c in candidates]):
             raise self.reject(f"{HMAC_PARAM} query parameter does not match")
         if self.client_cert_header:
             verdict = delivery.headers.get(self.client_cert_header, "").strip()
