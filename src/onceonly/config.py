@@ -6,7 +6,7 @@ Environment variables:
 - ``ONCEONLY_<PROVIDER>_SECRET``: enables a provider; several secrets
   comma-separated (rotation). ``<PROVIDER>`` is the route name upper-cased:
   ``STRIPE``, ``STANDARDWEBHOOKS``, ``GITHUB``, ``HMAC``, ``MERCADOPAGO``,
-  ``ASAAS``, ``PAGBANK``, ``SHOPIFY``.
+  ``ASAAS``, ``PAGBANK``, ``SHOPIFY``, ``PAGARME``, ``EFI``.
 - ``ONCEONLY_<PROVIDER>_TOLERANCE`` (seconds, timestamped providers) and
   ``ONCEONLY_<PROVIDER>_REJECTION_STATUS`` (default 401); provider-specific
   ones (``ONCEONLY_MERCADOPAGO_UNSIGNED``, ...) in ``docs/providers/``.
@@ -28,7 +28,8 @@ Environment variables:
   dedup memory (provider, event id) for ``400d`` (see docs/operations.md).
 - ``ONCEONLY_<PROVIDER>_API_TOKEN`` / ``ONCEONLY_<PROVIDER>_API_BASE``: the
   provider's API client for ``ctx.fetch()`` (``STRIPE``, ``MERCADOPAGO``,
-  ``ASAAS``, ``PAGBANK``); ``ONCEONLY_API_TIMEOUT`` / ``ONCEONLY_API_RETRIES``
+  ``ASAAS``, ``PAGBANK``, ``PAGARME``; Efí's are ``_API_CLIENT_ID`` and
+  ``_API_CLIENT_SECRET``); ``ONCEONLY_API_TIMEOUT`` / ``ONCEONLY_API_RETRIES``
   (see :mod:`onceonly.clients` and docs/fetching.md).
 - ``ONCEONLY_DASHBOARD_PATH`` (default ``/dashboard``; ``off`` turns it off),
   ``ONCEONLY_DASHBOARD_TOKEN`` (required to reach the dashboard from anywhere

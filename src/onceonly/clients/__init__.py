@@ -15,6 +15,11 @@ Configuration per provider route (``<ROUTE>`` upper-cased, as for secrets):
   Pago access token, Asaas API key, PagBank token); setting it enables the client.
 - ``ONCEONLY_<ROUTE>_API_BASE``: the API's base URL (a sandbox, or the fake
   API of ``onceonly dev``).
+- Pagar.me: ``ONCEONLY_PAGARME_API_TOKEN`` is the secret key (``sk_...``).
+- Efí: ``ONCEONLY_EFI_API_CLIENT_ID`` and ``ONCEONLY_EFI_API_CLIENT_SECRET``
+  (both enable the client, which fetches OAuth2 tokens itself),
+  ``ONCEONLY_EFI_API_CERT`` (PEM certificate and key for mutual TLS) and
+  ``ONCEONLY_EFI_API_KEY`` (the key, when in its own file).
 - PagBank's legacy notifications: ``ONCEONLY_PAGBANK_LEGACY_EMAIL``,
   ``ONCEONLY_PAGBANK_LEGACY_TOKEN`` (default: the API token),
   ``ONCEONLY_PAGBANK_LEGACY_API_BASE``.
@@ -29,8 +34,10 @@ from collections.abc import Mapping
 from ..providers import PROVIDER_CLASSES, Provider
 from ..providers.asaas.client import AsaasClient
 from ..providers.client import ApiClient, ApiRetryPolicy, RetryPolicy, Target
+from ..providers.efi.client import EfiClient
 from ..providers.folder import companion
 from ..providers.mercadopago.client import MercadoPagoClient
+from ..providers.pagarme.client import PagarmeClient
 from ..providers.pagbank.client import PagBankClient
 from ..providers.stripe.client import StripeClient
 
@@ -39,8 +46,10 @@ __all__ = [
     "ApiClient",
     "ApiRetryPolicy",
     "AsaasClient",
+    "EfiClient",
     "MercadoPagoClient",
     "PagBankClient",
+    "PagarmeClient",
     "RetryPolicy",
     "StripeClient",
     "Target",

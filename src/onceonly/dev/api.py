@@ -14,6 +14,11 @@ slow answers), so tests and local development exercise the client's retries.
 - pagbank ``charge``: ``GET /charges/{id}``, Bearer
 - pagbank ``notification`` (legacy PagSeguro):
   ``GET /v3/transactions/notifications/{code}?email=<email>&token=<token>``
+- pagarme ``order`` / ``charge``: ``GET /core/v5/orders/{id}``,
+  ``GET /core/v5/charges/{id}``, HTTP Basic with the token as the user
+- efi ``token``: ``POST /oauth/token``, HTTP Basic ``<any client id>:<token>``,
+  answers an access token derived from the token (no state kept)
+- efi ``pix``: ``GET /v2/pix/{e2eid}``, ``Authorization: Bearer <that access token>``
 
 The paths do not overlap, so one server serves every provider at once. The
 legacy PagSeguro lookup answers XML (``<transaction>`` built from the stored
@@ -135,7 +140,7 @@ class FakeApi:
         # still on its way) belongs to the past and is not recorded after it.
         self._generation = 0
         routes = [
-            Route(route.path, self._endpoint(name, route.kind))
+            Route(route.path, self._endpoint(name, route.kind), methods=list(route.methods))
             for name, profile in profiles().items()
             for route in profile.routes
         ]
@@ -312,7 +317,8 @@ class FakeApi:
 
     def _endpoint(self, provider: str, kind: str) -> Any:
         async def endpoint(request: Request) -> Response:
-            object_id = request.path_params["object_id"]
+            # A path the profile answers itself (a token endpoint) names no object.
+            object_id = request.path_params.get("object_id", "")
             generation = self._generation
             response = await self._answer(request, provider, kind, object_id)
             with self._lock:
@@ -347,6 +353,9 @@ class FakeApi:
         profile = _profile(provider)
         if not self._authorized(request, provider, kind):
             return _response(profile.unauthorized(kind))
+        own = profile.answer(kind, request.headers, self.token_for(provider))
+        if own is not None:
+            return _response(own)
         obj = self.get(provider, kind, object_id)
         if obj is None:
             return _response(profile.not_found(kind, object_id))

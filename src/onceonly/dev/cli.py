@@ -393,7 +393,7 @@ def send(
                 {
                     "url": target,
                     "event_id": event.event_id,
-                    "query": dict(event.query),
+                    "query": sender.signed_query(event),
                     "status": answer.status,
                     "error": answer.error,
                     "duplicate": answer.duplicate,
@@ -406,7 +406,7 @@ def send(
             )
         )
     else:
-        _print_send(target, event, headers, answer, ok)
+        _print_send(target, event, headers, answer, ok, sender.signed_query(event))
     sys.exit(0 if ok else 1)
 
 
@@ -417,9 +417,16 @@ def _store_objects(api: str, provider: str, event: Outgoing, facts: PaymentFacts
 
 
 def _print_send(
-    target: str, event: Outgoing, headers: dict[str, str], answer: Any, ok: bool
+    target: str,
+    event: Outgoing,
+    headers: dict[str, str],
+    answer: Any,
+    ok: bool,
+    sent_query: dict[str, str],
 ) -> None:
-    query = "?" + "&".join(f"{k}={v}" for k, v in event.query.items()) if event.query else ""
+    # The query as sent: the event's own plus what the provider authenticates
+    # with in the URL (Efí's hmac), as the headers below include the signature.
+    query = "?" + "&".join(f"{k}={v}" for k, v in sent_query.items()) if sent_query else ""
     console.print(f"[bold]POST[/bold] {target}{query}", highlight=False)
     for name, value in headers.items():
         console.print(f"  {name}: {value}", markup=False, highlight=False, soft_wrap=True)

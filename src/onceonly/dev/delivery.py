@@ -224,6 +224,11 @@ class Sender:
         headers.update(event.headers)
         return headers
 
+    def signed_query(self, event: Outgoing) -> dict[str, str]:
+        """The query string of one attempt at `event`: its own, plus what the
+        provider authenticates with in the URL (Efí's ``hmac``)."""
+        return self.provider.sign_query(event.query)
+
     async def send_once(
         self, event: Outgoing, client: httpx.AsyncClient, *, wait: float | None = None
     ) -> Answer:
@@ -346,7 +351,7 @@ class Sender:
                 self.url,
                 content=event.body,
                 headers=dict(headers),
-                params=dict(event.query) if event.query else None,
+                params=self.signed_query(event) or None,
                 timeout=wait,
             )
         except httpx.TimeoutException:

@@ -35,9 +35,11 @@ from .base import (
     UnsignedPolicy,
     is_unverified,
 )
+from .efi import Efi
 from .github import GitHub
 from .hmac import HMAC
 from .mercadopago import MercadoPago
+from .pagarme import Pagarme
 from .pagbank import PagBank
 from .shopify import Shopify
 from .standardwebhooks import StandardWebhooks
@@ -49,9 +51,11 @@ __all__ = [
     "TYPE_SIGNED_HEADER",
     "UNVERIFIED",
     "Asaas",
+    "Efi",
     "GitHub",
     "MercadoPago",
     "PagBank",
+    "Pagarme",
     "Provider",
     "Shopify",
     "StandardWebhooks",
@@ -64,5 +68,16 @@ __all__ = [
 #: Route name -> provider class, used to build providers from the environment.
 PROVIDER_CLASSES: dict[str, type[Provider]] = {
     cls.name: cls
-    for cls in (Stripe, StandardWebhooks, GitHub, HMAC, MercadoPago, Asaas, PagBank, Shopify)
+    for cls in (
+        Stripe,
+        StandardWebhooks,
+        GitHub,
+        HMAC,
+        MercadoPago,
+        Asaas,
+        PagBank,
+        Shopify,
+        Pagarme,
+        Efi,
+    )
 }

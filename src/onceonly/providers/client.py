@@ -233,6 +233,11 @@ class ApiClient(ABC):
         """Every credential this client holds, to mask in messages."""
         return (self.token,)
 
+    def ssl_context(self) -> ssl.SSLContext:
+        """The TLS settings of this client's connections: the shared default,
+        unless the API wants a client certificate (Efí's mutual TLS)."""
+        return _shared_ssl_context()
+
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], route: str) -> Self | None:
         """The client configured by ``ONCEONLY_<ROUTE>_API_TOKEN`` (and
@@ -294,7 +299,7 @@ class ApiClient(ABC):
                     base_url=self.base_url,
                     timeout=httpx.Timeout(self.timeout),
                     headers={"user-agent": USER_AGENT},
-                    verify=_shared_ssl_context(),
+                    verify=self.ssl_context(),
                 )
                 self._clients[loop] = client
             return client

@@ -123,8 +123,10 @@ class Outgoing:
 class FakeRoute:
     """A path of the provider's API the fake serves, and the kind of object there."""
 
-    path: str  # with an ``{object_id}`` parameter
+    path: str  # with an ``{object_id}`` parameter, unless the profile answers it itself
     kind: str
+    #: HTTP methods served (an OAuth token endpoint is a POST).
+    methods: tuple[str, ...] = ("GET",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +250,12 @@ class DevProfile:
         return ApiAnswer(
             401, {"message": "invalid credentials", "error": "unauthorized", "status": 401}
         )
+
+    def answer(self, kind: str, headers: Mapping[str, str], token: str) -> ApiAnswer | None:
+        """An answer the profile makes itself, for a request already
+        :meth:`authorized`, with no stored object behind it (an OAuth token
+        endpoint). Default ``None``: serve the stored object."""
+        return None
 
     def render(self, kind: str, obj: dict[str, Any]) -> ApiAnswer:
         """The provider's answer for a stored object. Default: the object as JSON."""

@@ -14,6 +14,7 @@ import pytest
 
 from onceonly import ConfigurationError, Delivery, PayloadError, SignatureError
 from onceonly.providers import PROVIDER_CLASSES, Shopify
+from onceonly.providers.shopify.verifier import EventIdHeader
 
 SECRET = "shpss_0123456789abcdef0123456789abcdef"
 BODY = json.dumps(
@@ -148,3 +149,57 @@ def test_from_environ() -> None:
     assert d.event_id == "body"
     with pytest.raises(ConfigurationError):
         cls.from_environ({"ONCEONLY_SHOPIFY_EVENT_ID": "topic"}, [SECRET])
+
+
+# Shopify's Events deliveries drop the X- prefix: Shopify-Hmac-Sha256, ...
+
+
+def events_headers(
+    secret: str = SECRET, topic: str = "orders/create", webhook_id: str = WEBHOOK_ID
+) -> dict[str, str]:
+    """The same delivery as Events sends it: every name without ``x-``."""
+    classic = headers(secret=secret, topic=topic, webhook_id=webhook_id)
+    return {name.removeprefix("x-"): value for name, value in classic.items()}
+
+
+def test_events_header_names_are_verified_and_identified() -> None:
+    h = events_headers(topic="orders/paid")
+    assert "shopify-hmac-sha256" in h
+    assert "x-shopify-hmac-sha256" not in h
+    p = Shopify(SECRET)
+    p.verify(delivery(h))
+    info = p.identify(delivery(h))
+    # The same body is the same event, whichever header family carried it.
+    assert info.event_id == p.identify(delivery(headers())).event_id
+    assert info.event_type == "orders/paid"
+
+
+@pytest.mark.parametrize(("mode", "expected"), [("webhook-id", "w-events"), ("event-id", EVENT_ID)])
+def test_events_header_names_feed_the_id_modes(mode: EventIdHeader, expected: str) -> None:
+    h = events_headers(webhook_id="w-events")
+    assert Shopify(SECRET, event_id=mode).identify(delivery(h)).event_id == expected
+
+
+@pytest.mark.parametrize(
+    ("h", "body"),
+    [
+        pytest.param(events_headers(), BODY.replace(b"10.00", b"0.01"), id="tampered"),
+        pytest.param(events_headers(secret="shpss_wrong"), BODY, id="wrong secret"),
+        pytest.param(
+            {k: v for k, v in events_headers().items() if k != "shopify-hmac-sha256"},
+            BODY,
+            id="missing",
+        ),
+    ],
+)
+def test_events_header_names_are_refused_like_the_others(h: dict[str, str], body: bytes) -> None:
+    with pytest.raises(SignatureError):
+        Shopify(SECRET).verify(delivery(h, body))
+
+
+def test_the_x_header_is_read_first_when_both_are_sent() -> None:
+    both = headers() | {"shopify-hmac-sha256": shopify_hmac(BODY, "shpss_wrong")}
+    Shopify(SECRET).verify(delivery(both))
+    wrong_x = events_headers() | {"x-shopify-hmac-sha256": shopify_hmac(BODY, "shpss_wrong")}
+    with pytest.raises(SignatureError):
+        Shopify(SECRET).verify(delivery(wrong_x))

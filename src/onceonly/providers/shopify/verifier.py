@@ -21,6 +21,12 @@ first. The type is unsigned and is stored with ``onceonly-type-signed: false``;
 handlers read the order's state from the (signed) body or the API, not from the
 topic.
 
+Shopify's Events deliveries (the newer subscription mechanism) send the same
+headers without the ``X-`` prefix: ``Shopify-Hmac-Sha256``,
+``Shopify-Webhook-Id``, ``Shopify-Event-Id``, ``Shopify-Topic``,
+``Shopify-Triggered-At``. Both spellings are read; when a delivery carries
+both, the ``X-`` one is read first.
+
 ``event_id="webhook-id"`` or ``"event-id"`` take the id from those unsigned
 headers instead (the behaviour before issue 13): anyone holding one signed body
 can then store it again under any number of new ids and topics. With
@@ -62,6 +68,12 @@ def _event_id_choice(raw: str, what: str) -> EventIdHeader:
     raise ConfigurationError(f"{what} must be 'body', 'webhook-id' or 'event-id', got {raw!r}")
 
 
+def _header(delivery: Delivery, suffix: str) -> str | None:
+    """``X-Shopify-<suffix>`` (classic webhooks) or ``Shopify-<suffix>`` (Events)."""
+    headers = delivery.headers
+    return headers.get(f"x-shopify-{suffix}") or headers.get(f"shopify-{suffix}") or None
+
+
 class Shopify(Provider):
     """Shopify's base64 ``X-Shopify-Hmac-Sha256``; event id from the signed body by default."""
 
@@ -82,23 +94,22 @@ class Shopify(Provider):
         return base64.b64encode(hmac_sha256(secret.encode(), body))
 
     def verify(self, delivery: Delivery) -> None:
-        given = self.require_header(delivery, "x-shopify-hmac-sha256").strip()
+        given = self.require_header(
+            delivery, "x-shopify-hmac-sha256", "shopify-hmac-sha256"
+        ).strip()
         # Base64 is case-sensitive: no normalising, unlike hex.
         expected = (self._signature(s, delivery.body) for s in self.secrets)
         if not any_match(expected, [given.encode("ascii", "replace")]):
             raise self.reject("X-Shopify-Hmac-Sha256 does not match")
 
     def identify(self, delivery: Delivery) -> EventInfo:
-        headers = delivery.headers
         if self.event_id == "body":
             event_id = body_hash_id(delivery.body)
-        elif self.event_id == "event-id" and headers.get("x-shopify-event-id"):
-            event_id = as_event_id(headers["x-shopify-event-id"], "X-Shopify-Event-Id header")
+        elif self.event_id == "event-id" and (shared := _header(delivery, "event-id")):
+            event_id = as_event_id(shared, "X-Shopify-Event-Id header")
         else:
-            event_id = as_event_id(headers.get("x-shopify-webhook-id"), "X-Shopify-Webhook-Id")
-        return EventInfo(
-            event_id, headers.get("x-shopify-topic") or None, {TYPE_SIGNED_HEADER: "false"}
-        )
+            event_id = as_event_id(_header(delivery, "webhook-id"), "X-Shopify-Webhook-Id")
+        return EventInfo(event_id, _header(delivery, "topic"), {TYPE_SIGNED_HEADER: "false"})
 
     def sign(
         self,

@@ -1,0 +1,9 @@
+"""The Efí (ex-Gerencianet) Pix provider: ``verifier.py`` checks its deliveries,
+``client.py`` reads its API and ``profile.py`` plays it in ``onceonly dev``
+(see :mod:`onceonly.providers`)."""
+
+from __future__ import annotations
+
+from .verifier import Efi, pix_event_id
+
+__all__ = ["Efi", "pix_event_id"]
