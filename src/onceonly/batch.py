@@ -28,6 +28,7 @@ from collections.abc import Callable, Coroutine
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ._exceptions import NonRetryable, RetryLater
 from .clients import Target
 from .context import AttemptServices, Context, HandlerSavepoints
 from .prefetch import prefetch
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     import sqlalchemy as sa
 
     from .deployment import Deployment
+    from .events import Event
     from .outbox import OutboxRunner
 
 __all__ = ["BatchProcessor", "Claimed", "OwnTransactions", "Transactions"]
@@ -112,6 +114,10 @@ class BatchProcessor:
         self._delay = delay
         self.processed = 0
         self.failed = 0
+        #: RetryLater raised by handlers (not failures: no attempt spent).
+        self.deferred = 0
+        # Handlers already warned about that their ordered events came unordered.
+        self._warned_unordered: set[str] = set()
 
     def process(self, batch: list[Claimed]) -> None:
         """Run a batch of claimed events, one savepoint each, in as few
@@ -138,6 +144,7 @@ class BatchProcessor:
         contexts: list[Context] = []
         processed: list[tuple[Claimed, str]] = []
         failures: list[tuple[Claimed, Exception, str | None]] = []
+        deferred: list[tuple[Claimed, RetryLater, str | None]] = []
         left: list[Claimed] = []
         started: float | None = None
         try:
@@ -160,7 +167,9 @@ class BatchProcessor:
                     outcome = self.attempt(
                         conn, savepoints, item, contexts, prefetched.get(item.event.id, {})
                     )
-                    if isinstance(outcome, tuple):
+                    if isinstance(outcome, tuple) and isinstance(outcome[0], RetryLater):
+                        deferred.append((item, outcome[0], outcome[1]))
+                    elif isinstance(outcome, tuple):
                         failures.append((item, *outcome))
                     else:
                         processed.append((item, outcome))
@@ -170,6 +179,8 @@ class BatchProcessor:
                 savepoints.close()
                 for item, exc, handler in failures:
                     self._record_failure(conn, item, exc, handler)
+                for item, later, handler in deferred:
+                    self._record_deferral(conn, item, later, handler)
         finally:
             for ctx in contexts:
                 ctx.end_attempt()
@@ -177,11 +188,12 @@ class BatchProcessor:
                 self.metrics.transaction_ended(time.monotonic() - started)
         self.processed += len(processed)
         self.failed += len(failures)
+        self.deferred += len(deferred)
         # Counted once the transaction committed, so they match the table.
         self.metrics.batch_committed(
             processed=[i.event.provider for i, _ in processed],
-            failed=[i.event.provider for i, _, _ in failures if not self.is_last(i)],
-            dead=[i.event.provider for i, _, _ in failures if self.is_last(i)],
+            failed=[i.event.provider for i, e, _ in failures if not self.is_dead(i, e)],
+            dead=[i.event.provider for i, e, _ in failures if self.is_dead(i, e)],
         )
         staged = [c.event.id for c in contexts if c.staged]
         if staged:
@@ -220,6 +232,8 @@ class BatchProcessor:
                 event.event_type,
             )
             return "(no handler registered)"
+        if registration.ordered and event.ordering_key is None:
+            self._warn_unordered(registration.name, event)
         ctx = Context.for_attempt(
             event,
             conn,
@@ -260,7 +274,7 @@ class BatchProcessor:
         self, conn: sa.Connection, item: Claimed, exc: Exception, handler: str | None
     ) -> None:
         attempt = item.event.attempts
-        dead = self.is_last(item)
+        dead = self.is_dead(item, exc)
         delay = 0.0 if dead else self._delay(attempt)
         log.warning(
             "event %s (%s) attempt %d/%d failed%s: %s: %s",
@@ -284,6 +298,50 @@ class BatchProcessor:
             error_message=str(exc)[:2000],
             traceback="".join(traceback.format_exception(exc))[-8000:],
         )
+
+    def _record_deferral(
+        self, conn: sa.Connection, item: Claimed, later: RetryLater, handler: str | None
+    ) -> None:
+        log.info(
+            "event %s (%s) deferred by the handler for %.1f s%s",
+            item.event.id,
+            handler,
+            later.seconds,
+            f": {later.reason}" if later.reason else "",
+        )
+        self.queue.defer(conn, item, delay=later.seconds)
+        # Kept in the history, but not as a failure: the event's attempts and
+        # last_error stay as they were.
+        self.queue.insert_attempt(
+            conn,
+            item,
+            worker=self.owner,
+            outcome="deferred",
+            error_type=type(later).__qualname__,
+            error_message=str(later)[:2000],
+        )
+
+    def _warn_unordered(self, handler: str, event: Event) -> None:
+        """Once per handler: its events should carry an ordering key and this
+        one does not, so it runs unordered."""
+        if handler in self._warned_unordered or event.object_id is None:
+            # No object id: ordered=True had nothing to order by (a custom
+            # key cannot be told apart here); not the receiver's fault.
+            return
+        self._warned_unordered.add(handler)
+        log.warning(
+            "event %s: handler %s wants its events ordered, but this one was stored "
+            "without an ordering key, so it runs unordered: the process that received "
+            "it did not load the handlers (run `onceonly serve --app` with the worker's "
+            "app), or it arrived before the handler asked for order "
+            "(warned once per handler)",
+            event.id,
+            handler,
+        )
+
+    def is_dead(self, item: Claimed, exc: Exception) -> bool:
+        """Whether failing this attempt with `exc` makes the event dead."""
+        return isinstance(exc, NonRetryable) or self.is_last(item)
 
     def is_last(self, item: Claimed) -> bool:
         """Whether a failure of this attempt makes the event dead."""

@@ -55,7 +55,7 @@ import sqlalchemy as sa
 
 from ._exceptions import ConfigurationError
 from .clients import ApiClient, clients_from_environ
-from .handlers import Action, Handler, HandlerRegistry
+from .handlers import Action, Handler, HandlerRegistry, OrderingKey, by_object
 from .inbox import Inbox
 from .providers import PROVIDER_CLASSES, Provider
 from .providers.base import env_name
@@ -297,7 +297,8 @@ class Onceonly:
     @property
     def inbox(self) -> Inbox:
         if self._inbox is None:
-            self._inbox = Inbox(self.store, self.providers)
+            # The handlers name each event's ordering key as it is stored.
+            self._inbox = Inbox(self.store, self.providers, self.handlers)
         return self._inbox
 
     @property
@@ -339,6 +340,8 @@ class Onceonly:
         event_type: str | None = None,
         *,
         prefetch: bool | str | Sequence[str] = False,
+        ordered: bool = False,
+        ordering_key: OrderingKey | None = None,
     ) -> Callable[[H], H]:
         """Register a handler for `provider` and `event_type` (``None``: any).
 
@@ -351,7 +354,20 @@ class Onceonly:
         the event points to; a kind or kinds: those) from the provider's API
         before the handler's transaction opens, so no database lock waits on
         the network (see docs/fetching.md).
+
+        `ordered` runs the events of one provider object (a payment's id) one
+        at a time, in the order the provider created them; `ordering_key`
+        names another key, ``ordering_key(new_event) -> str | None``. Both
+        are read where events are received, so the receiving process must
+        load this same app (see docs/ordering.md).
         """
+        if ordered and ordering_key is not None:
+            raise ConfigurationError("give either ordered=True or ordering_key=, not both")
+        if ordering_key is not None and not callable(ordering_key):
+            raise ConfigurationError(
+                f"ordering_key must be a function of the event, not {ordering_key!r}"
+            )
+        ordering = by_object if ordered else ordering_key
         kinds: tuple[str | None, ...]
         if isinstance(prefetch, bool):
             kinds = (None,) if prefetch else ()
@@ -361,7 +377,7 @@ class Onceonly:
             kinds = tuple(prefetch)
 
         def register(fn: H) -> H:
-            self.handlers.add(fn, provider, event_type, kinds)
+            self.handlers.add(fn, provider, event_type, kinds, ordering)
             return fn
 
         return register

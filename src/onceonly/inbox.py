@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from ._exceptions import PayloadError, StoreRejected, UnknownProvider
 from .batching import GroupCommit
 from .events import Delivery, NewEvent, Receipt
+from .handlers import HandlerRegistry
 from .headers import ReadHeaders
 from .providers import Provider
 from .store import Store
@@ -53,11 +55,20 @@ class Inbox:
     Raises the :class:`~onceonly.DeliveryRejected` family for deliveries to
     refuse (nothing stored) and :class:`~onceonly.StoreUnavailable` when the
     database cannot take the event now.
+
+    `handlers` (the application's) give each event its ordering key before it
+    is stored; without them every event is stored unordered.
     """
 
-    def __init__(self, store: Store, providers: Mapping[str, Provider]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        providers: Mapping[str, Provider],
+        handlers: HandlerRegistry | None = None,
+    ) -> None:
         self.store = store
         self.providers = dict(providers)
+        self.handlers = handlers
         self.commits: GroupCommit[NewEvent, Receipt] = GroupCommit(
             store.insert_events, max_in_flight=store.commit_concurrency
         )
@@ -90,6 +101,8 @@ class Inbox:
             object_id=_optional_text(info.object_id),
             occurred_at=info.occurred_at,
         )
+        if self.handlers is not None:
+            event = replace(event, ordering_key=self.handlers.ordering_key(event))
         try:
             return await self.commits.submit(event)
         except StoreRejected as exc:
