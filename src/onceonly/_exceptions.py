@@ -22,6 +22,8 @@ The hierarchy::
     ├── NotFetchable             the event names no object of the kind asked for
     ├── EffectError              an effect's outcome cannot be recorded (not JSON)
     ├── LeaseLost                another worker owns the event now
+    ├── RetryLater               raised by a handler: run the event again later, no attempt spent
+    ├── NonRetryable             raised by a handler: no retry can succeed, the event is dead now
     ├── JobInProgress            another live caller runs this job key now
     ├── JobConflict              the job key was recorded for other arguments
     ├── InvalidKey               an Idempotency-Key header that is no usable key (a ValueError too)
@@ -56,10 +58,12 @@ __all__ = [
     "JobConflict",
     "JobInProgress",
     "LeaseLost",
+    "NonRetryable",
     "NotFetchable",
     "OnceonlyError",
     "PayloadError",
     "PayloadPurged",
+    "RetryLater",
     "SignatureError",
     "StoreError",
     "StoreRejected",
@@ -203,6 +207,43 @@ class EffectError(OnceonlyError):
 
 class LeaseLost(OnceonlyError):
     """Another worker owns the event now; this one must not commit anything."""
+
+
+#: The longest deferral :class:`RetryLater` accepts: past it, a retention purge
+#: or a forgotten event is likelier than a useful retry.
+MAX_RETRY_LATER = 30 * 86400.0
+
+
+class RetryLater(OnceonlyError):
+    """Raised by a handler: not now, try this event again in `seconds`.
+
+    The attempt's writes roll back, as for any exception, but it is not a
+    failure: the attempt count is given back, so deferring never brings the
+    event closer to ``dead``. `seconds` (a number; ``delta.total_seconds()``
+    for a :class:`~datetime.timedelta`) must be above 0 and at most 30 days;
+    anything else raises :class:`ValueError` where the handler builds it (and
+    that error, like any other, fails the attempt).
+    """
+
+    def __init__(self, seconds: float, reason: str = "") -> None:
+        value = seconds
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"RetryLater takes seconds as a number, not {value!r}")
+        if not 0 < value <= MAX_RETRY_LATER:  # also refuses NaN
+            raise ValueError(
+                f"RetryLater seconds must be above 0 and at most {MAX_RETRY_LATER:.0f} "
+                f"(30 days), not {value!r}"
+            )
+        self.seconds = float(value)
+        self.reason = reason
+        super().__init__(f"retry in {self.seconds:g} s" + (f": {reason}" if reason else ""))
+
+
+class NonRetryable(OnceonlyError):
+    """Raised by a handler: this event can never succeed (a payload the
+    application refuses, an object that does not exist); it goes to ``dead``
+    at once instead of spending its remaining attempts. Chain the cause with
+    ``raise NonRetryable("...") from exc`` to keep it in the traceback."""
 
 
 class JobInProgress(OnceonlyError):

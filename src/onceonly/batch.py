@@ -28,6 +28,7 @@ from collections.abc import Callable, Coroutine
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ._exceptions import NonRetryable, RetryLater
 from .clients import Target
 from .context import AttemptServices, Context, HandlerSavepoints
 from .handlers import RetryPolicy
@@ -119,6 +120,10 @@ class BatchProcessor:
         self._delay = delay
         self.processed = 0
         self.failed = 0
+        #: RetryLater raised by handlers (not failures: no attempt spent).
+        self.deferred = 0
+        # Handlers already warned about that their ordered events came unordered.
+        self._warned_unordered: set[str] = set()
 
     def process(self, batch: list[Claimed]) -> None:
         """Run a batch of claimed events, one savepoint each, in as few
@@ -147,6 +152,7 @@ class BatchProcessor:
         failures: list[tuple[Claimed, Exception, str | None]] = []
         #: For the failed-attempt hooks, and the events whose dead hooks were staged.
         recorded: list[Failure] = []
+        deferred: list[tuple[Claimed, RetryLater, str | None]] = []
         left: list[Claimed] = []
         started: float | None = None
         try:
@@ -170,7 +176,9 @@ class BatchProcessor:
                     outcome = self._traced_attempt(
                         conn, savepoints, item, contexts, prefetched.get(item.event.id, {})
                     )
-                    if isinstance(outcome, tuple):
+                    if isinstance(outcome, tuple) and isinstance(outcome[0], RetryLater):
+                        deferred.append((item, outcome[0], outcome[1]))
+                    elif isinstance(outcome, tuple):
                         failures.append((item, *outcome))
                     else:
                         processed.append((item, outcome))
@@ -180,6 +188,8 @@ class BatchProcessor:
                 savepoints.close()
                 for item, exc, handler in failures:
                     recorded.append(self._record_failure(conn, item, exc, handler))
+                for item, later, handler in deferred:
+                    self._record_deferral(conn, item, later, handler)
         finally:
             for ctx in contexts:
                 ctx.end_attempt()
@@ -187,11 +197,12 @@ class BatchProcessor:
                 self.metrics.transaction_ended(time.monotonic() - started)
         self.processed += len(processed)
         self.failed += len(failures)
+        self.deferred += len(deferred)
         # Counted once the transaction committed, so they match the table.
         self.metrics.batch_committed(
             processed=[i.event.provider for i, _ in processed],
-            failed=[i.event.provider for i, _, _ in failures if not self.is_last(i)],
-            dead=[i.event.provider for i, _, _ in failures if self.is_last(i)],
+            failed=[i.event.provider for i, e, _ in failures if not self.is_dead(i, e)],
+            dead=[i.event.provider for i, e, _ in failures if self.is_dead(i, e)],
         )
         if log.isEnabledFor(logging.DEBUG):
             for item, handler in processed:
@@ -250,6 +261,9 @@ class BatchProcessor:
                 extra=event_fields(event, worker=self.owner),
             )
             return "(no handler registered)"
+        route_head = route.registrations[0]
+        if route_head.ordered and event.ordering_key is None:
+            self._warn_unordered(route_head.name, event)
         services = AttemptServices(
             ledger=self.app.effect_ledger,
             outbox=self.outbox.records,
@@ -343,7 +357,7 @@ class BatchProcessor:
     ) -> Failure:
         attempt = item.event.attempts
         policy = self.retry_policy(item.event)
-        dead = attempt >= policy.max_attempts
+        dead = isinstance(exc, NonRetryable) or attempt >= policy.max_attempts
         delay = 0.0 if dead else policy.delay(attempt)
         log.warning(
             "event %s (%s) attempt %d/%d failed%s: %s: %s",
@@ -382,6 +396,50 @@ class BatchProcessor:
             # In the transaction that marks it dead: the hook call commits with the death.
             self.hooks.stage_dead(conn, self.outbox.records, failure)
         return failure
+
+    def _record_deferral(
+        self, conn: sa.Connection, item: Claimed, later: RetryLater, handler: str | None
+    ) -> None:
+        log.info(
+            "event %s (%s) deferred by the handler for %.1f s%s",
+            item.event.id,
+            handler,
+            later.seconds,
+            f": {later.reason}" if later.reason else "",
+        )
+        self.queue.defer(conn, item, delay=later.seconds)
+        # Kept in the history, but not as a failure: the event's attempts and
+        # last_error stay as they were.
+        self.queue.insert_attempt(
+            conn,
+            item,
+            worker=self.owner,
+            outcome="deferred",
+            error_type=type(later).__qualname__,
+            error_message=str(later)[:2000],
+        )
+
+    def _warn_unordered(self, handler: str, event: Event) -> None:
+        """Once per handler: its events should carry an ordering key and this
+        one does not, so it runs unordered."""
+        if handler in self._warned_unordered or event.object_id is None:
+            # No object id: ordered=True had nothing to order by (a custom
+            # key cannot be told apart here); not the receiver's fault.
+            return
+        self._warned_unordered.add(handler)
+        log.warning(
+            "event %s: handler %s wants its events ordered, but this one was stored "
+            "without an ordering key, so it runs unordered: the process that received "
+            "it did not load the handlers (run `onceonly serve --app` with the worker's "
+            "app), or it arrived before the handler asked for order "
+            "(warned once per handler)",
+            event.id,
+            handler,
+        )
+
+    def is_dead(self, item: Claimed, exc: Exception) -> bool:
+        """Whether failing this attempt with `exc` makes the event dead."""
+        return isinstance(exc, NonRetryable) or self.is_last(item)
 
     def is_last(self, item: Claimed) -> bool:
         """Whether a failure of this attempt makes the event dead."""

@@ -59,7 +59,7 @@ import sqlalchemy as sa
 
 from ._exceptions import ConfigurationError
 from .clients import ApiClient, clients_from_environ
-from .handlers import Action, Backoff, Handler, HandlerRegistry
+from .handlers import Action, Backoff, Handler, HandlerRegistry, OrderingKey, by_object
 from .hooks import FailureHook, FailureHooks
 from .inbox import Inbox
 from .providers import PROVIDER_CLASSES, Provider
@@ -319,7 +319,8 @@ class Onceonly:
     @property
     def inbox(self) -> Inbox:
         if self._inbox is None:
-            self._inbox = Inbox(self.store, self.providers, tracing=self.tracing)
+            # The handlers name each event's ordering key as it is stored.
+            self._inbox = Inbox(self.store, self.providers, self.handlers, tracing=self.tracing)
         return self._inbox
 
     @property
@@ -373,6 +374,8 @@ class Onceonly:
         prefetch: bool | str | Sequence[str] = False,
         attempts: int | None = None,
         backoff: Backoff | None = None,
+        ordered: bool = False,
+        ordering_key: OrderingKey | None = None,
     ) -> Callable[[H], H]:
         """Register a handler for `provider` and `event_type` (``None``: any).
 
@@ -395,7 +398,20 @@ class Onceonly:
         seconds for the worker's formula, or a function ``attempt -> seconds``)
         replace the worker's ``max_attempts`` and retry base/cap for the events
         this handler owns.
+
+        `ordered` runs the events of one provider object (a payment's id) one
+        at a time, in the order the provider created them; `ordering_key`
+        names another key, ``ordering_key(new_event) -> str | None``. Both
+        are read where events are received, so the receiving process must
+        load this same app (see docs/ordering.md).
         """
+        if ordered and ordering_key is not None:
+            raise ConfigurationError("give either ordered=True or ordering_key=, not both")
+        if ordering_key is not None and not callable(ordering_key):
+            raise ConfigurationError(
+                f"ordering_key must be a function of the event, not {ordering_key!r}"
+            )
+        ordering = by_object if ordered else ordering_key
         kinds: tuple[str | None, ...]
         if isinstance(prefetch, bool):
             kinds = (None,) if prefetch else ()
@@ -405,7 +421,15 @@ class Onceonly:
             kinds = tuple(prefetch)
 
         def register(fn: H) -> H:
-            self.handlers.add(fn, provider, event_type, kinds, attempts=attempts, backoff=backoff)
+            self.handlers.add(
+                fn,
+                provider,
+                event_type,
+                kinds,
+                attempts=attempts,
+                backoff=backoff,
+                ordering=ordering,
+            )
             return fn
 
         return register

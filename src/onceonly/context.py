@@ -48,6 +48,7 @@ from .events import Event
 from .ledger import EffectLedger
 from .logs import event_fields
 from .providers.base import env_name
+from .store.ordering import newer_applied
 from .store.outbox import OutboxRecords
 from .store.savepoints import HandlerSavepoints  # re-exported: the batch opens them
 from .tracing import Attributes, Tracing
@@ -298,6 +299,19 @@ class Context:
             client = self._api_clients.get(self.event.provider)
             if client is not None:
                 await client.aclose()
+
+    def is_stale(self) -> bool:
+        """Whether a newer event about the same provider object (same provider,
+        account and ``object_id``; created strictly later) was already
+        processed by a handler: this event is older than what was applied, and
+        acting on it would roll the object's state back.
+
+        With ``ordered=True`` that happens only to an event delivered after a
+        newer one had run (the provider's retries arrive late). False when the
+        event names no object or no creation time. A read in this handler's
+        transaction; see docs/ordering.md.
+        """
+        return newer_applied(self.connection, self.event)
 
     def stage(self, action: str, payload: Any) -> None:
         """Stage `action` to run with `payload` after this transaction commits."""

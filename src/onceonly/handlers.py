@@ -24,11 +24,17 @@ Several handlers registered under the same (provider, type) all run for its
 events, in registration order, in one savepoint of the event's transaction:
 all of them commit with the event's mark, or none does and the event is
 retried whole (docs/handlers.md says why). Their retry policy is shared.
+
+Order per object (``ordered=True`` or ``ordering_key=``): the receiving
+process asks :meth:`HandlerRegistry.ordering_key` for each new event's key,
+so that the key is in the row before any worker can claim it, and the claim
+(the database) decides what runs next; see ``docs/ordering.md``.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import logging
 import math
@@ -40,20 +46,22 @@ from typing import Any, TypeAlias
 
 from ._exceptions import ConfigurationError
 from .backoff import backoff as exponential_backoff
-from .events import Event
+from .events import Event, NewEvent
 
 __all__ = [
     "Action",
     "Backoff",
     "Handler",
     "HandlerRegistry",
+    "OrderingKey",
     "Registration",
     "RetryPolicy",
     "Route",
+    "by_object",
     "validate_event_type",
 ]
 
-log = logging.getLogger("onceonly.worker")
+log = logging.getLogger("onceonly.handlers")
 
 #: ``handler(event, ctx)``; may be a coroutine function.
 Handler: TypeAlias = Callable[[Event, Any], Any]
@@ -110,6 +118,20 @@ def _validated_backoff(option: Backoff | None) -> Backoff | None:
     return (base, cap)
 
 
+#: ``key(event)``: the ordering key of an event about to be stored (a
+#: :class:`~onceonly.NewEvent`: provider, type, body, headers, tenant, object
+#: id, creation time), or ``None`` for no order. Runs in the receiving process.
+OrderingKey: TypeAlias = Callable[[NewEvent], "str | None"]
+
+#: Keys longer than this are stored as their SHA-256: same key, same digest.
+_LONGEST_KEY = 200
+
+
+def by_object(event: NewEvent) -> str | None:
+    """The ordering key of ``ordered=True``: the provider's object (a payment's id)."""
+    return event.object_id
+
+
 @dataclass(frozen=True, slots=True)
 class Registration:
     """One handler and what it was registered for."""
@@ -127,6 +149,12 @@ class Registration:
     #: Put before its effects' names: empty for the first handler of its
     #: (provider, type), so the keys of a deployment that had one stay.
     effect_prefix: str = ""
+    #: The ordering key of its events (``None``: unordered).
+    ordering: OrderingKey | None = None
+
+    @property
+    def ordered(self) -> bool:
+        return self.ordering is not None
 
     @property
     def name(self) -> str:
@@ -213,6 +241,7 @@ class HandlerRegistry:
         *,
         attempts: int | None = None,
         backoff: Backoff | None = None,
+        ordering: OrderingKey | None = None,
     ) -> None:
         """Register `handler`; :class:`~onceonly.ConfigurationError` for a bad
         pattern or option, the same handler twice, or a retry policy that
@@ -222,7 +251,9 @@ class HandlerRegistry:
         backoff = _validated_backoff(backoff)
         key = (provider, event_type)
         with self._lock:
-            new = Registration(handler, provider, event_type, prefetch, attempts, backoff)
+            new = Registration(
+                handler, provider, event_type, prefetch, attempts, backoff, ordering=ordering
+            )
             known = self._routes.get(key)
             self._routes[key] = (
                 Route((new,), attempts, backoff) if known is None else self._joined(known, new)
@@ -252,6 +283,12 @@ class HandlerRegistry:
                     f"handlers for {where} run together and share one retry policy: "
                     f"{new.name} sets {option}={ours!r}, another one {theirs!r}"
                 )
+        if new.ordering is not first.ordering:
+            # One event runs all of them at once: it has one place in one order.
+            raise ConfigurationError(
+                f"handlers for {where} run together and share one order: {new.name} "
+                f"orders by {new.ordering!r}, {first.name} by {first.ordering!r}"
+            )
         # Not the first: its effects get a namespace, so that two handlers'
         # ctx.effect("email", ...) are two records with two keys.
         joined = Registration(
@@ -262,6 +299,7 @@ class HandlerRegistry:
             new.attempts,
             new.backoff,
             effect_prefix=f"{new.name}/",
+            ordering=new.ordering,
         )
         return Route(
             (*route.registrations, joined),
@@ -308,3 +346,52 @@ class HandlerRegistry:
 
     def __len__(self) -> int:
         return sum(len(r.registrations) for r in self._routes.values())
+
+    def ordering_key(self, event: NewEvent) -> str | None:
+        """The ordering key to store with `event`: its handler's key, prefixed
+        with provider and tenant (two providers' or accounts' ids never share
+        an order); ``None`` when its handler is unordered or names no key.
+
+        A key function that raises, or returns what no engine stores (not a
+        string, a NUL), leaves the event unordered, with a warning: the event
+        is signed and valid, and refusing it would lose it.
+        """
+        registration = self.resolve(event.provider, event.event_type)
+        if registration is None or registration.ordering is None:
+            return None
+        try:
+            key = registration.ordering(event)
+        except Exception:
+            log.warning(
+                "event %s (%s %s): the ordering key of %s raised; stored unordered",
+                event.event_id,
+                event.provider,
+                event.event_type,
+                registration.name,
+                exc_info=True,
+            )
+            return None
+        if key is None:
+            return None
+        if not isinstance(key, str) or not key or "\x00" in key or not _encodable(key):
+            log.warning(
+                "event %s (%s %s): %s gave the ordering key %r, not a non-empty string "
+                "without NUL; stored unordered",
+                event.event_id,
+                event.provider,
+                event.event_type,
+                registration.name,
+                key,
+            )
+            return None
+        if len(key) > _LONGEST_KEY:
+            key = "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+        return f"{event.provider}/{event.tenant}/{key}"
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate, from JSON's \ud800
+        return False
+    return True

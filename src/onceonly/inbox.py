@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ._exceptions import PayloadError, StoreRejected, UnknownProvider
 from .batching import GroupCommit
 from .events import Delivery, NewEvent, Receipt
+from .handlers import HandlerRegistry
 from .headers import ReadHeaders
 from .providers import Provider
 from .store import Store
@@ -61,13 +63,22 @@ class Inbox:
     Raises the :class:`~onceonly.DeliveryRejected` family for deliveries to
     refuse (nothing stored) and :class:`~onceonly.StoreUnavailable` when the
     database cannot take the event now.
+
+    `handlers` (the application's) give each event its ordering key before it
+    is stored; without them every event is stored unordered.
     """
 
     def __init__(
-        self, store: Store, providers: Mapping[str, Provider], *, tracing: Tracing | None = None
+        self,
+        store: Store,
+        providers: Mapping[str, Provider],
+        handlers: HandlerRegistry | None = None,
+        *,
+        tracing: Tracing | None = None,
     ) -> None:
         self.store = store
         self.providers = dict(providers)
+        self.handlers = handlers
         self.tracing = tracing or Tracing()
         # Decided once: without tracing the hot path has not even a wrapper call.
         flush = self._traced_commit if self.tracing.enabled else store.insert_events
@@ -145,6 +156,8 @@ class Inbox:
             object_id=_optional_text(info.object_id),
             occurred_at=info.occurred_at,
         )
+        if self.handlers is not None and (key := self.handlers.ordering_key(event)) is not None:
+            event = replace(event, ordering_key=key)
         try:
             receipt = await self.commits.submit(event)
         except StoreRejected as exc:

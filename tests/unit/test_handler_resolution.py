@@ -7,8 +7,15 @@ from typing import Any
 
 import pytest
 
-from onceonly import ConfigurationError, Event, EventStatus, PayloadError, PayloadPurged
-from onceonly.handlers import HandlerRegistry
+from onceonly import (
+    ConfigurationError,
+    Event,
+    EventStatus,
+    NewEvent,
+    PayloadError,
+    PayloadPurged,
+)
+from onceonly.handlers import HandlerRegistry, by_object
 
 
 def named(name: str) -> Any:
@@ -215,3 +222,20 @@ def test_json_of_a_purged_event_says_so() -> None:
     event = make_event(b"", payload_purged_at=datetime(2026, 2, 1, tzinfo=UTC))
     with pytest.raises(PayloadPurged, match="purged"):
         event.json()
+
+
+def test_handlers_of_one_event_share_one_order() -> None:
+    registry = HandlerRegistry()
+
+    def first(event: Event, ctx: object) -> None: ...
+
+    def second(event: Event, ctx: object) -> None: ...
+
+    def third(event: Event, ctx: object) -> None: ...
+
+    registry.add(first, "stripe", "charge.*", ordering=by_object)
+    registry.add(second, "stripe", "charge.*", ordering=by_object)
+    with pytest.raises(ConfigurationError, match="share one order"):
+        registry.add(third, "stripe", "charge.*")
+    event = NewEvent("stripe", "evt_1", "charge.succeeded", b"{}", {}, object_id="ch_1")
+    assert registry.ordering_key(event) == "stripe//ch_1"

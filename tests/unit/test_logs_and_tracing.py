@@ -60,10 +60,6 @@ def test_the_cli_writes_json_lines_when_asked() -> None:
     saved = root.handlers[:], root.level
     # As in a fresh CLI process: no handler yet (pytest's own are put back).
     root.handlers = []
-    # An earlier test's logging.config (Django's, uvicorn's) may have disabled
-    # existing loggers; a fresh CLI process has none of that.
-    worker_log = logging.getLogger("onceonly.worker")
-    was_disabled, worker_log.disabled = worker_log.disabled, False
     try:
         configure_logging("info", "json")
         (handler,) = root.handlers
@@ -75,7 +71,6 @@ def test_the_cli_writes_json_lines_when_asked() -> None:
     finally:
         root.handlers, level = saved
         root.setLevel(level)
-        worker_log.disabled = was_disabled
     (line,) = out.getvalue().splitlines()
     data = json.loads(line)
     assert (data["message"], data["event_pk"], data["logger"]) == (

@@ -8,6 +8,17 @@ PostgreSQL computes times with ``now()`` on the server (many machines, one
 clock); SQLite, which lives on one machine, gets ``:now`` in unix seconds
 from the queue's clock.
 
+Order per key. An event with an ``ordering_key`` is claimable only when no
+other unfinished event of its key (pending, processing, failed) is being
+processed or comes before it in ``(occurred_at, id)`` order, an unknown
+``occurred_at`` counting as later than every known one. The claim statement
+evaluates that itself (:data:`_HEAD_OF_KEY`), so "one at a time, in order"
+holds across workers and machines: only a key's head is ever claimable, a
+claim takes it at most once (SKIP LOCKED on PostgreSQL, the write lock on
+SQLite), and its successors stay unclaimable until its ``processed`` (or
+``dead``) mark commits. ``dead`` does not block a key: it is terminal until an
+operator replays it.
+
 Methods that share the caller's transaction (the worker's processing
 transaction is also its handlers') take the :class:`~sqlalchemy.Connection`;
 the others take the engine and open their own. Each runs inside
@@ -68,6 +79,9 @@ class _Statements:
     #: One event as a claim of it left it: still processing under that fence
     #: (an outlet's message names the claim it carries).
     claimed: str
+    #: A handler's RetryLater: back to 'pending', due in :delay seconds, and the
+    #: attempt the claim counted given back.
+    defer: str
 
 
 _INSERT_ATTEMPT = """
@@ -80,6 +94,26 @@ _RELEASE = """
         lease_expires_at = NULL, attempts = attempts - 1
     WHERE id = :id AND fence = :fence AND status = 'processing'
 """
+# An event of a key blocks another while it is unfinished and either being
+# processed (whatever its place: an earlier event that arrived late must not
+# run beside a later one already running) or earlier in (occurred_at, id).
+# `{inf}` stands in for an unknown occurred_at. The partial index
+# onceonly_events_ordering_idx (ordering_key, occurred_at, id) serves the
+# subquery: it holds only the unfinished rows of ordered events.
+_HEAD_OF_KEY = """(e.ordering_key IS NULL OR NOT EXISTS (
+    SELECT 1 FROM onceonly_events p
+    WHERE p.ordering_key = e.ordering_key AND p.id <> e.id
+        AND p.status IN ('pending', 'processing', 'failed')
+        AND (p.status = 'processing'
+            OR (COALESCE(p.occurred_at, {inf}), p.id) < (COALESCE(e.occurred_at, {inf}), e.id))))"""
+_HEAD_POSTGRES = _HEAD_OF_KEY.format(inf="'infinity'::timestamptz")
+# Unix seconds; 1e308 is later than any real time.
+_HEAD_SQLITE = _HEAD_OF_KEY.format(inf="1e308")
+_DEFER = """
+    UPDATE onceonly_events SET status = 'pending', attempts = attempts - 1,
+        run_after = {due}, lease_owner = NULL, lease_expires_at = NULL
+    WHERE id = :id AND fence = :fence AND status = 'processing'
+"""
 _PURGED_AT = "SELECT payload_purged_at FROM onceonly_events WHERE id = :id"
 _CLAIMED = f"""
     SELECT {event_columns()}, fence FROM onceonly_events
@@ -89,9 +123,9 @@ _CLAIMED = f"""
 _POSTGRES = _Statements(
     claim=f"""
         WITH ready AS (
-            SELECT id FROM onceonly_events
-            WHERE status IN ('pending', 'failed') AND run_after <= now()
-            ORDER BY run_after, id LIMIT :n FOR UPDATE SKIP LOCKED
+            SELECT id FROM onceonly_events e
+            WHERE status IN ('pending', 'failed') AND run_after <= now() AND {_HEAD_POSTGRES}
+            ORDER BY run_after, id LIMIT :n FOR UPDATE OF e SKIP LOCKED
         ), abandoned AS (
             SELECT id FROM onceonly_events
             WHERE status = 'processing' AND lease_expires_at < now()
@@ -147,12 +181,13 @@ _POSTGRES = _Statements(
     """,
     purged_at=_PURGED_AT,
     notify=f"SELECT pg_notify('{CHANNEL}', '')",
-    due_count="""
-        SELECT count(*) FROM onceonly_events
-        WHERE (status IN ('pending', 'failed') AND run_after <= now())
+    due_count=f"""
+        SELECT count(*) FROM onceonly_events e
+        WHERE (status IN ('pending', 'failed') AND run_after <= now() AND {_HEAD_POSTGRES})
            OR (status = 'processing' AND lease_expires_at < now())
     """,
     claimed=_CLAIMED,
+    defer=_DEFER.format(due="now() + make_interval(secs => :delay)"),
 )
 
 _SQLITE = _Statements(
@@ -161,8 +196,8 @@ _SQLITE = _Statements(
             status = 'processing', lease_owner = :owner, lease_expires_at = :now + :lease,
             fence = fence + 1, attempts = attempts + 1
         WHERE id IN (
-            SELECT id FROM onceonly_events
-            WHERE (status IN ('pending', 'failed') AND run_after <= :now)
+            SELECT id FROM onceonly_events e
+            WHERE (status IN ('pending', 'failed') AND run_after <= :now AND {_HEAD_SQLITE})
                OR (status = 'processing' AND lease_expires_at < :now)
             ORDER BY run_after, id LIMIT :n)
         RETURNING {event_columns()}, fence
@@ -202,12 +237,13 @@ _SQLITE = _Statements(
     """,
     purged_at=_PURGED_AT,
     notify=None,
-    due_count="""
-        SELECT count(*) FROM onceonly_events
-        WHERE (status IN ('pending', 'failed') AND run_after <= :now)
+    due_count=f"""
+        SELECT count(*) FROM onceonly_events e
+        WHERE (status IN ('pending', 'failed') AND run_after <= :now AND {_HEAD_SQLITE})
            OR (status = 'processing' AND lease_expires_at < :now)
     """,
     claimed=_CLAIMED,
+    defer=_DEFER.format(due=":now + :delay"),
 )
 
 _STATEMENTS = {"postgresql": _POSTGRES, "sqlite": _SQLITE}
@@ -312,6 +348,15 @@ class WorkQueue:
                     "error": error,
                     "now": self.clock(),
                 },
+            )
+
+    def defer(self, conn: sa.Connection, item: Claimed, *, delay: float) -> None:
+        """A handler's ``RetryLater``: ``pending`` again, due in `delay`
+        seconds, and the attempt its claim counted not counted."""
+        with translated("deferring an event"):
+            conn.execute(
+                sa.text(self.sql.defer),
+                {"id": item.event.id, "fence": item.fence, "delay": delay, "now": self.clock()},
             )
 
     def insert_attempt(
