@@ -55,6 +55,19 @@ class Inbox:
         except KeyError:
             raise UnknownProvider(f"no provider is configured under {name!r}") from None
 
+    async def admit(self, event: NewEvent) -> Receipt:
+        """Store an event that did not come as a delivery (``onceonly
+        reconcile``: read from the provider's authenticated API), through the
+        same group commit and unique constraint as deliveries, so a copy
+        already delivered (or admitted) comes back as a duplicate."""
+        _check_text(event.event_id, "event id")
+        if event.event_type is not None:
+            _check_text(event.event_type, "event type")
+        try:
+            return await self.commits.submit(event)
+        except StoreRejected as exc:
+            raise PayloadError(f"the database cannot store this event: {exc}") from None
+
     async def receive(self, delivery: Delivery) -> Receipt:
         provider = self.provider(delivery.provider)
         headers = ReadHeaders(delivery.headers)
