@@ -180,7 +180,10 @@ class Worker:
             threading.Thread(target=self._listen, name="onceonly-listen", daemon=True).start()
         if self.reconcile is not None:
             threading.Thread(
-                target=self.reconcile.run, args=(self._stop,), name="onceonly-reconcile", daemon=True
+                target=self.reconcile.run,
+                args=(self._stop,),
+                name="onceonly-reconcile",
+                daemon=True,
             ).start()
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="onceonly-handler")
         next_sweep = 0.0
