@@ -90,6 +90,7 @@ COMMANDS = {
     "import",
     "migrate",
     "purge",
+    "reconcile",
     "serve",
     "worker",
 }
@@ -103,6 +104,7 @@ DATABASE_COMMANDS = {
     "import",
     "migrate",
     "purge",
+    "reconcile",
     "serve",
     "worker",
 }

@@ -28,7 +28,14 @@ from collections.abc import Mapping
 
 from ..providers import PROVIDER_CLASSES, Provider
 from ..providers.asaas.client import AsaasClient
-from ..providers.client import ApiClient, ApiRetryPolicy, RetryPolicy, Target
+from ..providers.client import (
+    RECONCILED_HEADER,
+    ApiClient,
+    ApiRetryPolicy,
+    Listed,
+    RetryPolicy,
+    Target,
+)
 from ..providers.folder import companion
 from ..providers.mercadopago.client import MercadoPagoClient
 from ..providers.pagbank.client import PagBankClient
@@ -36,9 +43,11 @@ from ..providers.stripe.client import StripeClient
 
 __all__ = [
     "CLIENT_CLASSES",
+    "RECONCILED_HEADER",
     "ApiClient",
     "ApiRetryPolicy",
     "AsaasClient",
+    "Listed",
     "MercadoPagoClient",
     "PagBankClient",
     "RetryPolicy",
