@@ -5,14 +5,19 @@ over HTTP on loopback."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
+from click.testing import CliRunner, Result
 from prometheus_client.parser import text_string_to_metric_families
 
 from onceonly import Event, Onceonly
+from onceonly.cli import main
 from onceonly.clients import StripeClient
 from onceonly.context import Context
 from onceonly.dev.api import DEFAULT_TOKEN, FakeApi
@@ -110,3 +115,45 @@ def test_workers_reconcile_each_period_once(database_url: str, api: tuple[FakeAp
     assert sorted(seen) == sorted(e.event_id for e in events)
     # Its own period's run listed them again and found nothing new.
     assert [(r.listed, r.new) for r in worker.reconcile.reports] == [(6, 0)]
+
+
+def test_the_command_dry_run_then_real_and_its_failures(
+    api: tuple[FakeApi, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake, api_url = api
+    prepare_events("stripe", 3, seed=5, api=fake)
+    database = f"sqlite:///{tmp_path / 'cli.db'}"
+    env = {"ONCEONLY_DATABASE_URL": database, "ONCEONLY_API_RETRIES": "0"}
+    for name in [n for n in os.environ if n.startswith("ONCEONLY_")]:
+        monkeypatch.delenv(name)
+    runner = CliRunner()
+
+    def reconcile(*args: str, **extra: str) -> Result:
+        return runner.invoke(main, ["reconcile", *args], env={**env, **extra})
+
+    no_client = reconcile("stripe")
+    assert no_client.exit_code == 2
+    assert "ONCEONLY_STRIPE_API_TOKEN" in no_client.output
+
+    configured = {"ONCEONLY_STRIPE_API_TOKEN": DEFAULT_TOKEN, "ONCEONLY_STRIPE_API_BASE": api_url}
+    dry = reconcile("stripe", "--dry-run", "--format", "json", **configured)
+    assert dry.exit_code == 0, dry.output
+    assert json.loads(dry.output)["new"] == 3
+    real = reconcile("stripe", "--since", "1h", "--format", "json", **configured)
+    assert (json.loads(real.output)["new"], json.loads(real.output)["already"]) == (3, 0)
+    again = reconcile("stripe", **configured)
+    assert again.exit_code == 0
+    assert "already there" in again.output
+
+    fake.fail(1, status=503)
+    down = reconcile("stripe", **configured)
+    assert down.exit_code == 1
+    assert "stripe API failed" in down.output
+    assert "503" in down.output
+
+    pagbank = reconcile(
+        "pagbank", ONCEONLY_PAGBANK_API_TOKEN=DEFAULT_TOKEN, ONCEONLY_PAGBANK_API_BASE=api_url
+    )
+    assert pagbank.exit_code == 2
+    assert "--id" in pagbank.output
+    assert reconcile("stripe", "--since", "tomorrow", **configured).exit_code == 2

@@ -235,7 +235,8 @@ def gateway(
             errors.print(f"The fake API is still serving at {api_url}; Ctrl-C to stop.")
             with contextlib.suppress(KeyboardInterrupt):
                 threading.Event().wait()
-    if report.undelivered:
+    # Events lost on purpose (--lose) are not a failure of the run.
+    if any(not report.outcomes[e].lost for e in report.undelivered):
         sys.exit(1)
 
 
@@ -285,6 +286,7 @@ def _report_dict(report: DeliveryReport, url: str, api_url: str) -> dict[str, An
         "seconds": round(report.elapsed, 3),
         **report.stats.to_dict(),
         "undelivered": report.undelivered,
+        "lost_events": [o.event_id for o in report.outcomes.values() if o.lost],
         "attempts_per_event": {
             o.event_id: o.answers for o in report.outcomes.values() if o.attempts > 1
         },
@@ -317,8 +319,9 @@ def _print_summary(report: DeliveryReport) -> None:
         console.print("[yellow]The queue paused after too many failures in a row (Asaas).[/]")
     if s.disabled:
         console.print("[yellow]The receiver answered 410: the endpoint was disabled.[/]")
-    if report.undelivered:
-        console.print(f"[red]{len(report.undelivered)} event(s) not delivered[/red]")
+    failed = [e for e in report.undelivered if not report.outcomes[e].lost]
+    if failed:
+        console.print(f"[red]{len(failed)} event(s) not delivered[/red]")
     console.print(f"took {report.elapsed:.1f} s")
 
 
