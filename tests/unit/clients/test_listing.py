@@ -196,3 +196,36 @@ def test_since(value: str | None, expected: datetime) -> None:
 def test_since_refuses(value: str) -> None:
     with pytest.raises(ConfigurationError, match="--since"):
         parse_since(value, default=0, now=NOW)
+
+
+def test_reconcile_admits_through_the_inbox_and_warns_of_a_paused_queue() -> None:
+    from onceonly.inbox import Inbox
+    from onceonly.reconcile import reconcile
+    from onceonly.store.memory import MemoryStore
+
+    api = FakeApi()
+    events = prepare_events("asaas", 4, seed=7, api=api)
+    api.set_queue("asaas", interrupted=True)
+    store = MemoryStore()
+    inbox = Inbox(store, {})
+
+    async def once(dry_run: bool = False) -> Any:
+        client = wired(AsaasClient(DEFAULT_TOKEN), api)
+        try:
+            return await reconcile(inbox, client, "asaas", since=LONG_AGO, dry_run=dry_run)
+        finally:
+            await client.aclose()
+
+    dry = run(once(dry_run=True))
+    assert (dry.listed, dry.new, dry.already, store.commits) == (4, 4, 0, 0)
+    first = run(once())
+    assert (first.listed, first.new, first.already) == (4, 4, 0)
+    assert any("interrupted" in w for w in first.warnings)
+    stored = sorted(e.event_id for e in store.events.values())
+    payment_ids = sorted(json.loads(e.body)["payment"]["id"] for e in events)
+    assert stored == [f"reconciled:{p}:RECEIVED" for p in payment_ids]
+    assert all(e.headers[RECONCILED_HEADER] == "asaas:payments-list" for e in store.events.values())
+    second = run(once())
+    assert (second.new, second.already) == (0, 4)
+    # Counted as resends on the rows, as a delivered duplicate would be.
+    assert {e.duplicates for e in store.events.values()} == {1}
