@@ -94,7 +94,7 @@ def test_reconcile_catches_up_on_lost_deliveries_once(database_url: str, tmp_pat
             # 10% lost for good, give or take what 500 draws give; the rest arrived.
             assert 25 <= report.stats.lost <= 75, (provider, report.stats.lost)
             assert report.stats.acknowledged == EVENTS - report.stats.lost
-        app.worker(concurrency=2).run_until_idle(60)
+        app.worker(concurrency=4).run_until_idle(60)
         for provider, report in reports.items():
             assert credited(engine, provider) == EVENTS - report.stats.lost
 
@@ -122,7 +122,7 @@ def test_reconcile_catches_up_on_lost_deliveries_once(database_url: str, tmp_pat
         assert asaas.queue is not None
         assert asaas.queue["interrupted"] is False
 
-        app.worker(concurrency=2).run_until_idle(60)
+        app.worker(concurrency=4).run_until_idle(60)
         for provider in ("stripe", "asaas"):
             assert credited(engine, provider) == EVENTS, provider
         assert (
@@ -143,6 +143,6 @@ def test_reconcile_catches_up_on_lost_deliveries_once(database_url: str, tmp_pat
         for provider, rerun in again.items():
             assert (rerun.listed, rerun.new, rerun.already) == (EVENTS, 0, EVENTS), provider
         assert count(engine, "SELECT count(*) FROM onceonly_events") == stored
-        app.worker(concurrency=2).run_until_idle(10)
+        app.worker(concurrency=4).run_until_idle(10)
         assert count(engine, "SELECT count(*) FROM handler_runs") == runs
         engine.dispose()
