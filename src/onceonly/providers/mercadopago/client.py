@@ -126,7 +126,13 @@ class MercadoPagoClient(ApiClient):
                 yield _notification(item, "payments-search")
             total = lookup(page, "paging.total")
             offset += len(results)
-            if not results or not isinstance(total, int) or offset >= total:
+            if not results:
+                return
+            # Without a usable total, a short page is the last one.
+            if isinstance(total, int) and not isinstance(total, bool):
+                if offset >= total:
+                    return
+            elif len(results) < self.page_size:
                 return
 
 
