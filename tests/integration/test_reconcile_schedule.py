@@ -25,6 +25,7 @@ from onceonly.dev.delivery import Outgoing, Sender
 from onceonly.dev.gateway import prepare_events, provider_for
 from onceonly.dev.servers import serve_in_thread
 from onceonly.reconcile import ScheduledReconcile, reconcile_app
+from onceonly.store import create_store
 from onceonly.worker import running
 from support import STRIPE_SECRET, live_server
 
@@ -157,3 +158,26 @@ def test_the_command_dry_run_then_real_and_its_failures(
     assert pagbank.exit_code == 2
     assert "--id" in pagbank.output
     assert reconcile("stripe", "--since", "tomorrow", **configured).exit_code == 2
+
+
+def test_the_gateway_loses_events_for_good_on_request(tmp_path: Path) -> None:
+    database = f"sqlite:///{tmp_path / 'gw.db'}"
+    app = make_app(database, "http://127.0.0.1:1", [])
+    with live_server(app.asgi()) as url:
+        args = ["dev", "gateway", "stripe", "--target", url, "--secret", STRIPE_SECRET]
+        args += ["--events", "20", "--lose", "0.5", "--seed", "9", "--port", "0", "--exit"]
+        result = CliRunner().invoke(main, [*args, "--format", "json"])
+        assert result.exit_code == 0, result.output  # losing them was asked for
+        report = json.loads(result.output)
+
+    async def events() -> list[Event]:
+        async with create_store(database) as store:
+            return await store.list_events(limit=100)
+
+    stored = asyncio.run(events())
+    assert 0 < report["lost"] < 20
+    assert len(report["lost_events"]) == report["lost"]
+    assert report["acknowledged"] == 20 - report["lost"]
+    # Not one request was sent for a lost event.
+    assert not {e.event_id for e in stored} & set(report["lost_events"])
+    assert len(stored) == 20 - report["lost"]
