@@ -24,7 +24,7 @@ import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -97,9 +97,11 @@ class ReconcileReport:
     new_ids: tuple[str, ...] = ()
     #: The provider's view of its webhook queue, where it has one (Asaas).
     queue: Mapping[str, Any] | None = None
-    warnings: tuple[str, ...] = field(default_factory=tuple)
+    #: What an operator should know (a paused provider queue).
+    warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view (``onceonly reconcile --format json``)."""
         return {
             "provider": self.provider,
             "since": self.since.isoformat(),
