@@ -253,10 +253,10 @@ class ScheduledReconcile:
     Each period is a guard key ``onceonly:reconcile:<route>:<period>``: the
     first worker to claim it (one ``INSERT ... ON CONFLICT DO NOTHING``) runs
     that period's reconcile; the others find it done or in hand and skip it.
-    A failed run (API or database down) leaves the key failed, so another
-    worker may try again within the same period. Each run looks back
-    `window` seconds (default: twice the period, at least an hour), so a
-    missed period is covered by the next.
+    A failed run (API or database down) is logged and leaves the key failed
+    (a worker that starts later in the period runs it again). Each run looks
+    back `window` seconds (default: twice the period, at least an hour), so
+    a failed or missed period is covered by the next.
     """
 
     def __init__(
