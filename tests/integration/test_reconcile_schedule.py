@@ -79,15 +79,15 @@ def test_the_gauge_counts_deliveries_and_not_reconciled_events(
     app = make_app(database_url, api_url, [])
     with live_server(app.asgi()) as url:
         # Nothing delivered yet: the time since this receiver started.
-        time.sleep(0.4)
-        assert gauge(url) >= 0.4
+        time.sleep(0.5)
+        assert gauge(url) >= 0.5
         deliver(url, events[:2])
-        assert gauge(url) < 0.4
-        time.sleep(0.4)
+        assert gauge(url) < 0.5
+        time.sleep(0.5)
         report = asyncio.run(reconcile_app(app, "stripe"))
         assert (report.new, report.already) == (2, 2)
         # Two events were stored, but no delivery came: the alert stays armed.
-        assert gauge(url) >= 0.4
+        assert gauge(url) >= 0.5
 
 
 def test_workers_reconcile_each_period_once(database_url: str, api: tuple[FakeApi, str]) -> None:
