@@ -477,12 +477,22 @@ class Onceonly:
         name: str | None = None,
         transaction_budget: float | None = None,
         transactions: Transactions | None = None,
+        reconcile: Sequence[str] = (),
+        reconcile_every: float | None = None,
     ) -> Worker:
         """A :class:`~onceonly.worker.Worker` for this deployment's handlers
         (`transactions`: whose transactions its batches run in; see
-        :class:`~onceonly.batch.Transactions`)."""
+        :class:`~onceonly.batch.Transactions`). With `reconcile` (provider
+        routes) and `reconcile_every` (seconds), it also runs ``onceonly
+        reconcile`` for them every period, one worker at a time (see
+        docs/reconcile.md)."""
         from .worker import Worker
 
+        scheduled = None
+        if reconcile or reconcile_every is not None:
+            from .reconcile import ScheduledReconcile
+
+            scheduled = ScheduledReconcile(self, reconcile, reconcile_every or 0.0)
         self._composed = True
         return Worker(
             self,
@@ -492,6 +502,7 @@ class Onceonly:
             name=name,
             transaction_budget=transaction_budget,
             transactions=transactions,
+            reconcile=scheduled,
         )
 
     def guard(

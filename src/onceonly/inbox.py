@@ -92,6 +92,39 @@ class Inbox:
         except KeyError:
             raise UnknownProvider(f"no provider is configured under {name!r}") from None
 
+    async def admit(self, event: NewEvent) -> Receipt:
+        """Store an event that did not come as a delivery (``onceonly
+        reconcile``: read from the provider's authenticated API), through the
+        same group commit and unique constraint as deliveries, so a copy
+        already delivered (or admitted) comes back as a duplicate."""
+        _check_text(event.event_id, "event id")
+        if event.event_type is not None:
+            _check_text(event.event_type, "event type")
+        event = self._about(event)
+        if self.handlers is not None and (key := self.handlers.ordering_key(event)) is not None:
+            event = replace(event, ordering_key=key)
+        try:
+            return await self.commits.submit(event)
+        except StoreRejected as exc:
+            raise PayloadError(f"the database cannot store this event: {exc}") from None
+
+    def _about(self, event: NewEvent) -> NewEvent:
+        """`event` with the object and creation time its provider reads from a
+        delivery of the same body, so that an admitted event is found, ordered
+        and judged stale like a delivered one."""
+        provider = self.providers.get(event.provider)
+        if provider is None or (event.object_id is not None and event.occurred_at is not None):
+            return event
+        try:
+            info = provider.identify(Delivery(event.provider, event.body, event.headers))
+        except PayloadError:
+            return event
+        return replace(
+            event,
+            object_id=event.object_id or _optional_text(info.object_id),
+            occurred_at=event.occurred_at or info.occurred_at,
+        )
+
     async def receive(self, delivery: Delivery) -> Receipt:
         if self.tracing.enabled:
             return await self._traced_receive(delivery)

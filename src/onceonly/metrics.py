@@ -36,6 +36,13 @@ onceonly_worker_database_errors_total operation           worker database calls 
 and the gauge ``onceonly_worker_database_reachable``: 1 while the worker's last
 database call succeeded, 0 after a failure (set by the worker, not scraped).
 
+``onceonly_seconds_since_last_delivery{provider}``: seconds since this
+process last answered a delivery of that provider with 200 (new or
+duplicate), or since it started when none came yet; computed at scrape
+time. Events stored by ``onceonly reconcile`` do not count: they are what
+the alert on this gauge is for (docs/reconcile.md). With several receivers,
+alert on ``min by (provider)``.
+
 plus the histogram ``onceonly_handler_duration_seconds{provider}`` and, read
 from the database when scraped (at most once a second, whatever the number of
 scrapers), ``onceonly_queue_depth{status}``,
@@ -144,6 +151,31 @@ class _QueueCollector(Collector):
         return [up, depth, age]
 
 
+class _DeliveryAgeCollector(Collector):
+    """Seconds since each provider's last delivery answered 200, at scrape time."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> Iterable[Metric]:
+        return [self._family()]
+
+    def collect(self) -> Iterable[Metric]:
+        family = self._family()
+        for provider, seconds in self._metrics.seconds_since_last_delivery().items():
+            family.add_metric([provider], seconds)
+        return [family]
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "onceonly_seconds_since_last_delivery",
+            "Seconds since this process last answered a delivery of the provider with 200 "
+            "(or since it started)",
+            labels=["provider"],
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class _Delivery:
     """One provider's receive-path counters, bound once (the hot path only
@@ -250,6 +282,9 @@ class Metrics:
             registry=r,
         )
         r.register(_QueueCollector(self, queue_ttl))
+        self._started = time.time()
+        # Provider -> wall-clock time of its last delivery answered 200.
+        self._last_delivery: dict[str, float] = {}
         self._deliveries: dict[str, _Delivery] = {}
         self._work: dict[str, _Work] = {}
         self._bind_lock = threading.Lock()
@@ -257,6 +292,7 @@ class Metrics:
         # and absent() behave from the start.
         for name in (*providers, UNKNOWN_PROVIDER):
             self._delivery(name)
+        r.register(_DeliveryAgeCollector(self))
 
     # Receive path (the event loop).
 
@@ -277,6 +313,18 @@ class Metrics:
         bound = self._deliveries.get(provider) or self._delivery(provider)
         bound.received.inc()
         (bound.duplicates if duplicate else bound.stored).inc()
+        self._last_delivery[provider] = time.time()
+
+    def seconds_since_last_delivery(self, now: float | None = None) -> dict[str, float]:
+        """Provider -> seconds since its last delivery answered 200 here (or
+        since this process started), for every provider seen or configured."""
+        moment = time.time() if now is None else now
+        last = dict(self._last_delivery)  # a copy: the event loop may add one meanwhile
+        return {
+            provider: max(0.0, moment - last.get(provider, self._started))
+            for provider in list(self._deliveries)
+            if provider != UNKNOWN_PROVIDER
+        }
 
     def rejected(self, provider: str, reason: str) -> None:
         """A delivery refused; `reason` is the problem type the sender got."""

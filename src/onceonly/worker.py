@@ -49,6 +49,7 @@ from .tracing import TRACEPARENT_HEADER
 
 if TYPE_CHECKING:
     from .deployment import Deployment
+    from .reconcile import ScheduledReconcile
 
 __all__ = ["Claimed", "LeaseLost", "Worker", "backoff"]
 
@@ -74,6 +75,7 @@ class Worker:
         name: str | None = None,
         transaction_budget: float | None = None,
         transactions: Transactions | None = None,
+        reconcile: ScheduledReconcile | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -113,6 +115,9 @@ class Worker:
         self._lock = threading.Lock()
         self._loops = threading.local()
         self.metrics = app.metrics
+        #: Runs ``onceonly reconcile`` periodically in a thread of its own
+        #: (see :class:`~onceonly.reconcile.ScheduledReconcile`), or ``None``.
+        self.reconcile = reconcile
         self._db_failures = 0  # consecutive failed claims, for the back-off
         self.outbox = OutboxRunner(
             self.engine,
@@ -176,6 +181,13 @@ class Worker:
         ).start()
         if self.queue.notifies:
             threading.Thread(target=self._listen, name="onceonly-listen", daemon=True).start()
+        if self.reconcile is not None:
+            threading.Thread(
+                target=self.reconcile.run,
+                args=(self._stop,),
+                name="onceonly-reconcile",
+                daemon=True,
+            ).start()
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="onceonly-handler")
         next_sweep = 0.0
         try:

@@ -93,6 +93,7 @@ COMMANDS = {
     "import",
     "migrate",
     "purge",
+    "reconcile",
     "serve",
     "worker",
 }
@@ -106,6 +107,7 @@ DATABASE_COMMANDS = {
     "import",
     "migrate",
     "purge",
+    "reconcile",
     "serve",
     "worker",
 }

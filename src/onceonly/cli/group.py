@@ -10,6 +10,7 @@ from ..dev.cli import dev
 from ..importer.command import import_command
 from .events import events
 from .maintenance import idempotency, migrate, purge_command
+from .reconcile import reconcile_command
 from .server import serve, worker
 
 __all__ = ["main"]
@@ -39,6 +40,7 @@ main.add_command(migrate, name="migrate")
 main.add_command(events, name="events")
 main.add_command(idempotency, name="idempotency")
 main.add_command(purge_command, name="purge")
+main.add_command(reconcile_command, name="reconcile")
 main.add_command(import_command, name="import")
 main.add_command(demo_command, name="demo")
 main.add_command(dev, name="dev")

@@ -12,6 +12,7 @@ from .options import (
     LOG_LEVEL,
     app_options,
     configure_logging,
+    duration_option,
     errors,
     fail_cleanly,
     load,
@@ -161,6 +162,21 @@ def serve(
     show_default=True,
     help="Interface for --metrics-port.",
 )
+@click.option(
+    "--reconcile",
+    "reconcile_routes",
+    multiple=True,
+    metavar="PROVIDER",
+    help="Also run `onceonly reconcile PROVIDER` every --reconcile-every (repeatable); "
+    "one worker at a time does it, decided by the database.",
+)
+@click.option(
+    "--reconcile-every",
+    metavar="DURATION",
+    default="15m",
+    show_default=True,
+    help="Period of --reconcile (each run looks back twice as far, at least 1h).",
+)
 @fail_cleanly
 def worker(
     app_spec: str | None,
@@ -170,6 +186,8 @@ def worker(
     log_format: str = "text",
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
+    reconcile_routes: tuple[str, ...] = (),
+    reconcile_every: str = "15m",
 ) -> None:
     """Process events: run each one's handler once, retry failures, then dead.
 
@@ -179,9 +197,15 @@ def worker(
     rest, and exits. Run as many workers, on as many machines, as you like.
     """
     app = load(app_spec, database_url)
+    every = duration_option(reconcile_every, "--reconcile-every")
+    runner = app.worker(
+        concurrency=concurrency,
+        reconcile=reconcile_routes,
+        reconcile_every=every.total_seconds() if reconcile_routes and every else None,
+    )
     run_worker(
         app,
-        app.worker(concurrency=concurrency),
+        runner,
         log_level=log_level,
         log_format=log_format,
         metrics_port=metrics_port,

@@ -33,7 +33,14 @@ from collections.abc import Mapping
 
 from ..providers import PROVIDER_CLASSES, Provider
 from ..providers.asaas.client import AsaasClient
-from ..providers.client import ApiClient, ApiRetryPolicy, RetryPolicy, Target
+from ..providers.client import (
+    RECONCILED_HEADER,
+    ApiClient,
+    ApiRetryPolicy,
+    Listed,
+    RetryPolicy,
+    Target,
+)
 from ..providers.efi.client import EfiClient
 from ..providers.folder import companion
 from ..providers.mercadopago.client import MercadoPagoClient
@@ -43,10 +50,12 @@ from ..providers.stripe.client import StripeClient
 
 __all__ = [
     "CLIENT_CLASSES",
+    "RECONCILED_HEADER",
     "ApiClient",
     "ApiRetryPolicy",
     "AsaasClient",
     "EfiClient",
+    "Listed",
     "MercadoPagoClient",
     "PagBankClient",
     "PagarmeClient",

@@ -20,6 +20,20 @@ slow answers), so tests and local development exercise the client's retries.
   answers an access token derived from the token (no state kept)
 - efi ``pix``: ``GET /v2/pix/{e2eid}``, ``Authorization: Bearer <that access token>``
 
+and the listings ``onceonly reconcile`` reads, from the same objects:
+
+- stripe ``GET /v1/events`` (``created[gte]``, ``delivery_success``,
+  ``types[]``, ``limit``, ``starting_after``; newest first)
+- asaas ``GET /v3/payments`` (``dateCreated[ge]``, ``offset``, ``limit``,
+  ``hasMore``) and ``GET /v3/webhooks`` (the queue's ``interrupted``)
+- mercadopago ``GET /v1/payments/search`` (``range``, ``begin_date``,
+  ``end_date``, ``offset``, ``limit``; ``results`` and ``paging``)
+
+Which events were delivered (Stripe's ``delivery_success``) and whether the
+queue paused (Asaas) come from :meth:`FakeApi.record_delivery` and
+:meth:`FakeApi.set_queue` (``onceonly dev gateway`` calls them after its
+deliveries, see :func:`onceonly.dev.gateway.record_deliveries`).
+
 The paths do not overlap, so one server serves every provider at once. The
 legacy PagSeguro lookup answers XML (``<transaction>`` built from the stored
 dict); the others answer JSON. Unknown objects get the provider's kind of 404,
@@ -47,7 +61,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from ..providers.profile import ApiAnswer, DevProfile
+from ..providers.profile import ApiAnswer, DevProfile, ListingState
 from .profiles import profile_for, profiles
 
 __all__ = ["DEFAULT_TOKEN", "KINDS", "ApiRequest", "FakeApi"]
@@ -130,6 +144,8 @@ class FakeApi:
         self.tokens = dict(tokens or {})
         self.legacy_email = legacy_email
         self._objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._delivered: dict[tuple[str, str], bool] = {}
+        self._queues: dict[str, dict[str, Any]] = {}
         self._faults: list[_Fault] = []
         self._requests: list[ApiRequest] = []
         self._lock = threading.Lock()
@@ -139,7 +155,14 @@ class FakeApi:
         # Bumped by clear(): a request that arrived before it (a slow answer
         # still on its way) belongs to the past and is not recorded after it.
         self._generation = 0
+        # Listings first: MP's /v1/payments/search would otherwise be read as
+        # the payment "search" of /v1/payments/{object_id}.
         routes = [
+            Route(listing.path, self._lister(name, listing.name))
+            for name, profile in profiles().items()
+            for listing in profile.listings
+        ]
+        routes += [
             Route(route.path, self._endpoint(name, route.kind), methods=list(route.methods))
             for name, profile in profiles().items()
             for route in profile.routes
@@ -204,10 +227,24 @@ class FakeApi:
         with self._lock:
             _profile(provider).set_status(kind, self._objects[key], status)
 
+    def record_delivery(self, provider: str, event_id: str, delivered: bool) -> None:
+        """Remember whether a delivery of `event_id` was acknowledged (what
+        Stripe's ``delivery_success`` filter lists by)."""
+        with self._lock:
+            self._delivered[(provider, event_id)] = delivered
+
+    def set_queue(self, provider: str, **state: Any) -> None:
+        """Set what `provider`'s webhook queue reports (Asaas: ``interrupted``,
+        ``penalized``, ``url``)."""
+        with self._lock:
+            self._queues.setdefault(provider, {}).update(state)
+
     def clear(self) -> None:
         """Forget every object, fault and recorded request (including the ones
         still being answered)."""
         with self._lock:
+            self._delivered.clear()
+            self._queues.clear()
             self._objects.clear()
             self._faults.clear()
             self._requests.clear()
@@ -329,7 +366,42 @@ class FakeApi:
 
         return endpoint
 
-    async def _answer(self, request: Request, provider: str, kind: str, object_id: str) -> Response:
+    def _listing_state(self, provider: str) -> ListingState:
+        with self._lock:
+            objects: dict[str, list[dict[str, Any]]] = {}
+            for (p, kind, _), obj in self._objects.items():
+                if p == provider:
+                    objects.setdefault(kind, []).append(copy.deepcopy(obj))
+            delivered = {e: ok for (p, e), ok in self._delivered.items() if p == provider}
+            queue = dict(self._queues.get(provider, {}))
+        return ListingState(objects, delivered, queue)
+
+    def _lister(self, provider: str, name: str) -> Any:
+        async def endpoint(request: Request) -> Response:
+            generation = self._generation
+            response = await self._list(request, provider, name)
+            with self._lock:
+                if generation == self._generation:
+                    self._requests.append(ApiRequest(provider, name, "", response.status_code))
+            return response
+
+        return endpoint
+
+    async def _list(self, request: Request, provider: str, name: str) -> Response:
+        early = await self._misbehave(provider)
+        if early is not None:
+            return early
+        profile = _profile(provider)
+        if not self._authorized(request, provider, name):
+            return _response(profile.unauthorized(name))
+        query: dict[str, list[str]] = {}
+        for key, value in request.query_params.multi_items():
+            query.setdefault(key, []).append(value)
+        return _response(profile.listing(name, self._listing_state(provider), query))
+
+    async def _misbehave(self, provider: str) -> Response | None:
+        """Hold, slow down or fail this request as the faults say; the failure
+        answer, or ``None`` to answer normally."""
         if not self._open.is_set():
             with self._lock:
                 self._held += 1
@@ -350,6 +422,12 @@ class FakeApi:
                 failure.status,
                 headers=headers,
             )
+        return None
+
+    async def _answer(self, request: Request, provider: str, kind: str, object_id: str) -> Response:
+        early = await self._misbehave(provider)
+        if early is not None:
+            return early
         profile = _profile(provider)
         if not self._authorized(request, provider, kind):
             return _response(profile.unauthorized(kind))

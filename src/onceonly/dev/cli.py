@@ -24,7 +24,7 @@ from ..providers import PROVIDER_CLASSES
 from ..providers.base import env_name
 from .api import DEFAULT_TOKEN, KINDS, FakeApi
 from .delivery import DeliveryReport, DeliveryStats, Faults, Outgoing, Sender
-from .gateway import prepare_events, provider_for, receiver_url
+from .gateway import prepare_events, provider_for, receiver_url, record_deliveries
 from .payloads import (
     DEFAULT_EVENT_TYPES,
     PaymentFacts,
@@ -117,6 +117,11 @@ def dev() -> None:
     "your receiver may or may not have committed).",
 )
 @_chance("--lost-acks", "your 2xx is lost on the way back (it retries an event you stored).")
+@_chance(
+    "--lose",
+    "an event is lost for good: never delivered (onceonly reconcile, reading the fake "
+    "API's listings, finds it).",
+)
 @click.option(
     "--spread",
     default=0.0,
@@ -159,6 +164,7 @@ def gateway(
     duplicates: float,
     timeouts: float,
     lost_acks: float,
+    lose: float,
     spread: float,
     concurrency: int,
     seed: int | None,
@@ -186,10 +192,14 @@ def gateway(
           --duplicates 0.1 --timeouts 0.05 --lost-acks 0.05 --spread 2
       # the event says paid, the API says pending: does your handler check?
       onceonly dev gateway mercadopago --target localhost:8000 --api-status pending
+      # 10% never delivered; then: onceonly reconcile stripe
+      onceonly dev gateway stripe --target localhost:8000 --lose 0.1 --seed 1
     """
     signer = provider_for(provider, secret)
     url = receiver_url(target, provider)
-    faults = Faults(duplicates=duplicates, timeouts=timeouts, lost_acks=lost_acks, spread=spread)
+    faults = Faults(
+        duplicates=duplicates, timeouts=timeouts, lost_acks=lost_acks, spread=spread, lost=lose
+    )
     api = FakeApi()
     events = prepare_events(
         provider, count, event_type=event_type, seed=seed, api=api, api_status=api_status
@@ -216,6 +226,7 @@ def gateway(
                 f"{sender.stats.requests} requests sent"
             )
             sys.exit(130)
+        record_deliveries(api, provider, report, url)
         if fmt == "json":
             click.echo(json.dumps(_report_dict(report, url, api_url), indent=2))
         else:
@@ -224,7 +235,8 @@ def gateway(
             errors.print(f"The fake API is still serving at {api_url}; Ctrl-C to stop.")
             with contextlib.suppress(KeyboardInterrupt):
                 threading.Event().wait()
-    if report.undelivered:
+    # Events lost on purpose (--lose) are not a failure of the run.
+    if any(not report.outcomes[e].lost for e in report.undelivered):
         sys.exit(1)
 
 
@@ -274,6 +286,7 @@ def _report_dict(report: DeliveryReport, url: str, api_url: str) -> dict[str, An
         "seconds": round(report.elapsed, 3),
         **report.stats.to_dict(),
         "undelivered": report.undelivered,
+        "lost_events": [o.event_id for o in report.outcomes.values() if o.lost],
         "attempts_per_event": {
             o.event_id: o.answers for o in report.outcomes.values() if o.attempts > 1
         },
@@ -296,6 +309,7 @@ def _print_summary(report: DeliveryReport) -> None:
         ("acknowledged events", s.acknowledged),
         ("answered as duplicates", s.duplicates_answered),
         ("given up", s.given_up),
+        ("lost for good (injected; reconcile finds them)", s.lost),
     ]
     for label, value in rows:
         table.add_row(label, str(value))
@@ -305,8 +319,9 @@ def _print_summary(report: DeliveryReport) -> None:
         console.print("[yellow]The queue paused after too many failures in a row (Asaas).[/]")
     if s.disabled:
         console.print("[yellow]The receiver answered 410: the endpoint was disabled.[/]")
-    if report.undelivered:
-        console.print(f"[red]{len(report.undelivered)} event(s) not delivered[/red]")
+    failed = [e for e in report.undelivered if not report.outcomes[e].lost]
+    if failed:
+        console.print(f"[red]{len(failed)} event(s) not delivered[/red]")
     console.print(f"took {report.elapsed:.1f} s")
 
 

@@ -18,7 +18,10 @@ network and the sender do on a bad day, each with a probability per attempt:
 - ``lost_acks``: the receiver's 2xx is lost on the way back (a proxy answering
   502 after the commit, a reset connection), so a delivered event is sent again;
 - ``spread``: first attempts start at random times within that many seconds,
-  so events arrive out of order (retries shuffle them further).
+  so events arrive out of order (retries shuffle them further);
+- ``lost``: the event is lost for good, per event: no attempt is ever sent
+  (a sender that gave up, an Asaas event dropped after 14 days). Only
+  ``onceonly reconcile`` finds it.
 
 With a seed, every random decision is a function of the seed, the event and
 the attempt number: the same seed injects the same faults into the same
@@ -63,9 +66,10 @@ class Faults:
     timeouts: float = 0.0
     lost_acks: float = 0.0
     spread: float = 0.0
+    lost: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("duplicates", "timeouts", "lost_acks"):
+        for name in ("duplicates", "timeouts", "lost_acks", "lost"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} is a probability, between 0 and 1; got {value}")
@@ -105,13 +109,15 @@ class DeliveryStats:
     injected_timeouts: int = 0
     lost_acks: int = 0
     given_up: int = 0
+    #: Events lost for good (``Faults.lost``): never sent.
+    lost: int = 0
     statuses: Counter[int] = field(default_factory=Counter)
     paused: bool = False
     disabled: bool = False
 
     @property
     def finished(self) -> int:
-        return self.acknowledged + self.given_up
+        return self.acknowledged + self.given_up + self.lost
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -127,6 +133,7 @@ class DeliveryStats:
             "injected_timeouts": self.injected_timeouts,
             "lost_acks": self.lost_acks,
             "given_up": self.given_up,
+            "lost": self.lost,
             "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
             "paused": self.paused,
             "disabled": self.disabled,
@@ -140,6 +147,8 @@ class EventOutcome:
     event_id: str
     answers: list[str] = field(default_factory=list)
     acknowledged: bool = False
+    #: Lost for good (``Faults.lost``): no attempt was sent.
+    lost: bool = False
 
     @property
     def attempts(self) -> int:
@@ -266,6 +275,11 @@ class Sender:
     async def _deliver_one(
         self, event: Outgoing, outcome: EventOutcome, client: httpx.AsyncClient, start: float
     ) -> None:
+        if self.faults.lost and self._dice(event, 0).random() < self.faults.lost:
+            outcome.lost = True
+            self.stats.lost += 1
+            self._notify()
+            return
         if start:
             await asyncio.sleep(start)
         attempt = 0
@@ -304,6 +318,7 @@ class Sender:
         (the demo's two receivers) face the same bad day."""
         if self.seed is None:
             return self.random
+        # Attempt 0 is the event's own dice (lost for good or not).
         return random.Random(f"{self.seed}:{event.event_id}:{attempt}")
 
     async def _attempt(

@@ -18,10 +18,10 @@ from .._exceptions import ConfigurationError
 from ..providers import PROVIDER_CLASSES, Provider
 from ..providers.base import env_name
 from .api import FakeApi
-from .delivery import Outgoing
+from .delivery import DeliveryReport, Outgoing
 from .payloads import PaymentFacts, api_objects, build_event, default_object_id
 
-__all__ = ["prepare_events", "provider_for", "receiver_url"]
+__all__ = ["prepare_events", "provider_for", "receiver_url", "record_deliveries"]
 
 
 def provider_for(
@@ -79,3 +79,17 @@ def prepare_events(
                 api.put(provider, kind, object_id, obj)
         events.append(event)
     return events
+
+
+def record_deliveries(api: FakeApi, provider: str, report: DeliveryReport, url: str = "") -> None:
+    """Tell `api` how `report`'s deliveries went, so its listings answer as the
+    provider's would: which events were acknowledged (Stripe's
+    ``delivery_success``) and whether the queue paused (Asaas's ``interrupted``)."""
+    for outcome in report.outcomes.values():
+        api.record_delivery(provider, outcome.event_id, outcome.acknowledged)
+    api.set_queue(
+        provider,
+        url=url,
+        interrupted=report.stats.paused,
+        penalized=report.stats.given_up,
+    )

@@ -31,8 +31,8 @@ import ssl
 import threading
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Self
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     # app, the receiver) does not pay for an HTTP client it may never use.
     import httpx
 
-__all__ = ["ApiClient", "ApiRetryPolicy", "RetryPolicy", "Target"]
+__all__ = ["RECONCILED_HEADER", "ApiClient", "ApiRetryPolicy", "Listed", "RetryPolicy", "Target"]
 
 log = logging.getLogger("onceonly.clients")
 
@@ -67,6 +67,34 @@ class Target:
 
     kind: str
     id: str
+
+
+#: The header every reconciled event carries (its value: where it was listed),
+#: so a handler can tell it from a delivery (``event.headers``).
+RECONCILED_HEADER = "onceonly-reconciled"
+
+
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """One item a provider's API lists, as the event ``onceonly reconcile``
+    puts through the inbox (see docs/reconcile.md).
+
+    `event_id` is the delivered event's own id where the API lists events
+    (Stripe) or where the provider's event id is a function of the object
+    (PagBank); otherwise a deterministic ``reconciled:<object id>:<status>``,
+    so a rerun finds the same id. `headers` always hold
+    :data:`RECONCILED_HEADER`.
+    """
+
+    event_id: str
+    event_type: str | None
+    body: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+def listed_body(data: Mapping[str, Any]) -> bytes:
+    """A listed item's body as stored: compact JSON, the shape of a delivery."""
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +216,12 @@ class ApiClient(ABC):
     kinds: ClassVar[tuple[str, ...]]
     #: False where a client can work without the main token (PagBank's legacy API).
     token_required: ClassVar[bool] = True
+    #: Whether :meth:`listing` can list by time (``False``: only the ids given).
+    lists_by_time: ClassVar[bool] = False
+    #: How far back ``onceonly reconcile`` looks when no ``--since`` is given.
+    default_window: ClassVar[float] = 3 * 86400.0
+    #: Items per page asked of a listing API.
+    page_size: ClassVar[int] = 100
 
     def __init__(
         self,
@@ -257,6 +291,20 @@ class ApiClient(ABC):
         if raw:
             options["retry"] = ApiRetryPolicy(retries=int(_number(raw, "ONCEONLY_API_RETRIES")))
         return options
+
+    def listing(
+        self, since: datetime, *, ids: Sequence[str] = (), failed_only: bool = False
+    ) -> AsyncIterator[Listed]:
+        """What the API lists since `since` (or, for `ids`, those objects), as
+        events for the inbox; pages are read as they are consumed. `failed_only`
+        asks for events whose delivery failed where the API can tell (Stripe).
+        The default: this provider's API lists nothing."""
+        raise ConfigurationError(f"onceonly cannot reconcile {self.name}: its API lists nothing")
+
+    async def queue_state(self) -> dict[str, Any] | None:
+        """The provider's own view of its webhook queue, where it has one
+        (Asaas: paused or not); ``None`` where it has none."""
+        return None
 
     # The public calls.
 

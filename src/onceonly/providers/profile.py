@@ -29,7 +29,9 @@ __all__ = [
     "ApiObject",
     "DeliverySchedule",
     "DevProfile",
+    "FakeListing",
     "FakeRoute",
+    "ListingState",
     "Outgoing",
     "PaymentFacts",
     "credential_matches",
@@ -37,6 +39,7 @@ __all__ = [
     "encode",
     "hex_id",
     "iso_time",
+    "query_int",
 ]
 
 HOUR = 3600.0
@@ -130,6 +133,36 @@ class FakeRoute:
 
 
 @dataclass(frozen=True, slots=True)
+class FakeListing:
+    """A listing path of the provider's API the fake serves (no path parameter):
+    :meth:`DevProfile.listing` answers it under `name`."""
+
+    path: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ListingState:
+    """What a fake listing answers from: the stored objects by kind (in the
+    order they were stored), which events were delivered, the webhook queue."""
+
+    objects: Mapping[str, list[dict[str, Any]]]
+    #: Event id -> whether a delivery of it was acknowledged (absent: never tried).
+    delivered: Mapping[str, bool]
+    #: The sender's queue as the provider reports it (Asaas: ``interrupted``).
+    queue: Mapping[str, Any]
+
+
+def query_int(query: Mapping[str, list[str]], name: str, default: int, top: int) -> int:
+    """An integer query parameter, bounded to ``[0, top]`` (a bad one: `default`)."""
+    try:
+        value = int(query.get(name, [str(default)])[0])
+    except ValueError:
+        return default
+    return max(0, min(value, top))
+
+
+@dataclass(frozen=True, slots=True)
 class ApiAnswer:
     """An answer of the fake API: JSON `data`, or `content` of `media_type`."""
 
@@ -183,6 +216,8 @@ class DevProfile:
     paid_status: ClassVar[str | None] = None
     #: The paths of the provider's API the fake serves (none: no API).
     routes: ClassVar[tuple[FakeRoute, ...]] = ()
+    #: The listing paths the fake serves (what ``onceonly reconcile`` reads).
+    listings: ClassVar[tuple[FakeListing, ...]] = ()
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -264,3 +299,8 @@ class DevProfile:
     def set_status(self, kind: str, obj: dict[str, Any], status: Any) -> None:
         """Change the status of stored `obj` in place. Default: its ``status``."""
         obj["status"] = status
+
+    def listing(self, name: str, state: ListingState, query: Mapping[str, list[str]]) -> ApiAnswer:
+        """The provider's answer to listing `name` with `query` (every value of
+        each parameter). Default: nothing is listed here."""
+        return self.not_found(name, "")

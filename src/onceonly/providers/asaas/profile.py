@@ -12,12 +12,15 @@ from ..profile import (
     ApiObject,
     DeliverySchedule,
     DevProfile,
+    FakeListing,
     FakeRoute,
+    ListingState,
     Outgoing,
     PaymentFacts,
     credential_matches,
     encode,
     iso_time,
+    query_int,
 )
 
 __all__ = ["PROFILE", "AsaasProfile"]
@@ -38,6 +41,7 @@ class AsaasProfile(DevProfile):
     event_type = "PAYMENT_RECEIVED"
     paid_status = "RECEIVED"
     routes = (FakeRoute("/v3/payments/{object_id}", "payment"),)
+    listings = (FakeListing("/v3/payments", "payments"), FakeListing("/v3/webhooks", "webhooks"))
 
     def object_id(self, digits: str, token: str) -> str:
         return f"pay_{token}"
@@ -66,7 +70,34 @@ class AsaasProfile(DevProfile):
     def api_objects(
         self, event: Outgoing, body: Any, facts: PaymentFacts, state: str
     ) -> list[ApiObject]:
-        return [("payment", facts.object_id, {**body["payment"], "status": state})]
+        # The API's payment has its creation day, which the list filters on.
+        payment = {**body["payment"], "status": state, "dateCreated": body["dateCreated"][:10]}
+        return [("payment", facts.object_id, payment)]
+
+    def listing(self, name: str, state: ListingState, query: Mapping[str, list[str]]) -> ApiAnswer:
+        if name == "webhooks":
+            # The webhook configuration with its queue state: ``interrupted``
+            # once the queue paused after 15 failures in a row.
+            hook = {
+                "object": "webhook",
+                "id": "wh_onceonly_dev",
+                "name": "onceonly dev gateway",
+                "url": state.queue.get("url", ""),
+                "enabled": True,
+                "interrupted": bool(state.queue.get("interrupted", False)),
+                "penalizedRequestsCount": int(state.queue.get("penalized", 0)),
+            }
+            return ApiAnswer(200, _page([hook], 0, 10, 1))
+        payments = state.objects.get("payment", [])
+        for param, keep in (("dateCreated[ge]", str.__ge__), ("dateCreated[le]", str.__le__)):
+            day = query.get(param)
+            if day:
+                payments = [p for p in payments if keep(str(p.get("dateCreated", "")), day[0])]
+        offset = query_int(query, "offset", 0, 10**9)
+        limit = query_int(query, "limit", 10, 100) or 10
+        return ApiAnswer(
+            200, _page(payments[offset : offset + limit], offset, limit, len(payments))
+        )
 
     def authorized(
         self,
@@ -92,3 +123,14 @@ class AsaasProfile(DevProfile):
 
 
 PROFILE = AsaasProfile()
+
+
+def _page(data: list[dict[str, Any]], offset: int, limit: int, total: int) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "hasMore": offset + len(data) < total,
+        "totalCount": total,
+        "limit": limit,
+        "offset": offset,
+        "data": data,
+    }

@@ -16,13 +16,24 @@ unrelated id.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl
 
-from ..._exceptions import NotFetchable
+from ..._exceptions import ApiError, NotFetchable
 from ...events import Event
 from ..base import lookup
-from ..client import ApiClient, Target, body_json, path_id, safe_id
+from ..client import (
+    RECONCILED_HEADER,
+    ApiClient,
+    Listed,
+    Target,
+    body_json,
+    listed_body,
+    path_id,
+    safe_id,
+)
 
 __all__ = ["MercadoPagoClient"]
 
@@ -43,6 +54,7 @@ class MercadoPagoClient(ApiClient):
     name = "mercadopago"
     default_base_url = "https://api.mercadopago.com"
     kinds = ("payment",)
+    lists_by_time = True
 
     def target(self, event: Event, kind: str | None = None) -> Target:
         kind = self.kind_or_default(kind)
@@ -78,9 +90,79 @@ class MercadoPagoClient(ApiClient):
         """``GET /v1/payments/{payment_id}``."""
         return await self.get(Target("payment", safe_id(payment_id, "payment id")))
 
+    async def listing(
+        self, since: datetime, *, ids: Sequence[str] = (), failed_only: bool = False
+    ) -> AsyncIterator[Listed]:
+        """``GET /v1/payments/search`` over ``date_last_updated`` from `since`
+        to now (``range``, ``begin_date``, ``end_date``; ``offset``/``limit``
+        paging, ``results`` and ``paging.total``), or ``GET /v1/payments/{id}``
+        for `ids`: each payment as a ``payment.updated`` notification with the
+        deterministic id ``reconciled:<payment id>:<status>`` and the payment
+        itself under ``payment``."""
+        if ids:
+            for payment_id in ids:
+                yield _notification(await self.retrieve_payment(payment_id), "payment")
+            return
+        offset = 0
+        params = {
+            "sort": "date_last_updated",
+            "criteria": "asc",
+            "range": "date_last_updated",
+            "begin_date": _mp_time(since),
+            "end_date": _mp_time(datetime.now(UTC)),
+            "limit": str(self.page_size),
+        }
+        while True:
+            params["offset"] = str(offset)
+            page = await self.get_json("/v1/payments/search", params=params)
+            results = page.get("results")
+            if not isinstance(results, list):
+                raise ApiError(
+                    "mercadopago API answered GET /v1/payments/search without results",
+                    provider=self.name,
+                    status=200,
+                )
+            for item in results:
+                yield _notification(item, "payments-search")
+            total = lookup(page, "paging.total")
+            offset += len(results)
+            if not results:
+                return
+            # Without a usable total, a short page is the last one.
+            if isinstance(total, int) and not isinstance(total, bool):
+                if offset >= total:
+                    return
+            elif len(results) < self.page_size:
+                return
+
 
 def _resource_id(resource: Any) -> Any:
     """An IPN feed's ``resource`` is an id or a URL ending in one."""
     if isinstance(resource, str) and "/" in resource:
         return resource.rstrip("/").rsplit("/", 1)[-1]
     return resource
+
+
+def _mp_time(moment: datetime) -> str:
+    # Mercado Pago's search takes ISO 8601 with milliseconds and an offset.
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.000-00:00")
+
+
+def _notification(payment: Any, source: str) -> Listed:
+    if not isinstance(payment, dict):
+        raise ApiError(
+            "mercadopago API listed a payment that is not an object", provider="mercadopago"
+        )
+    payment_id = safe_id(payment.get("id"), "a listed Mercado Pago payment id")
+    status = str(payment.get("status") or "unknown")
+    event_id = f"reconciled:{payment_id}:{status}"
+    body = {
+        "id": event_id,
+        "type": "payment",
+        "action": "payment.updated",
+        "data": {"id": payment_id},
+        "payment": payment,
+    }
+    return Listed(
+        event_id, "payment.updated", listed_body(body), {RECONCILED_HEADER: f"mercadopago:{source}"}
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from typing import Any
 
 from ..profile import (
@@ -10,12 +11,15 @@ from ..profile import (
     ApiObject,
     DeliverySchedule,
     DevProfile,
+    FakeListing,
     FakeRoute,
+    ListingState,
     Outgoing,
     PaymentFacts,
     encode,
     hex_id,
     iso_time,
+    query_int,
 )
 
 __all__ = ["PROFILE", "MercadoPagoProfile"]
@@ -34,6 +38,7 @@ class MercadoPagoProfile(DevProfile):
     event_type = "payment.updated"
     paid_status = "approved"
     routes = (FakeRoute("/v1/payments/{object_id}", "payment"),)
+    listings = (FakeListing("/v1/payments/search", "payments"),)
 
     def object_id(self, digits: str, token: str) -> str:
         return digits
@@ -75,6 +80,24 @@ class MercadoPagoProfile(DevProfile):
             "date_created": body.get("date_created"),
         }
         return [("payment", facts.object_id, payment)]
+
+    def listing(self, name: str, state: ListingState, query: Mapping[str, list[str]]) -> ApiAnswer:
+        # GET /v1/payments/search: offset/limit paging; ``range`` with
+        # ``begin_date``/``end_date`` filters on that field where it is set
+        # (the fake compares ISO text, which orders like time in one zone).
+        payments = state.objects.get("payment", [])
+        field = query.get("range", [""])[0]
+        if field:
+            for param, keep in (("begin_date", str.__ge__), ("end_date", str.__le__)):
+                bound = query.get(param, [""])[0]
+                if bound and not bound.startswith("NOW"):
+                    payments = [
+                        p for p in payments if not p.get(field) or keep(str(p[field]), bound[:19])
+                    ]
+        offset = query_int(query, "offset", 0, 10**9)
+        limit = query_int(query, "limit", 30, 1000) or 30
+        paging = {"total": len(payments), "limit": limit, "offset": offset}
+        return ApiAnswer(200, {"paging": paging, "results": payments[offset : offset + limit]})
 
     def not_found(self, kind: str, object_id: str) -> ApiAnswer:
         label = kind.replace("_", " ")

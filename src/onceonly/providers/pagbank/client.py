@@ -21,7 +21,8 @@ are masked in messages and in the ``httpx`` logger's lines.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Self
 from urllib.parse import parse_qs
 
@@ -30,15 +31,18 @@ from ...events import Event
 from ..base import env_name, is_unverified
 from ..client import (
     EXCERPT_CHARS,
+    RECONCILED_HEADER,
     ApiClient,
     ApiRetryPolicy,
+    Listed,
     Target,
     body_json,
     check_base_url,
+    listed_body,
     path_id,
     safe_id,
 )
-from .verifier import object_kind
+from .verifier import _state, object_kind
 
 __all__ = ["PagBankClient", "parse_transaction_xml"]
 
@@ -221,3 +225,26 @@ class PagBankClient(ApiClient):
     async def retrieve_charge(self, charge_id: str) -> dict[str, Any]:
         """``GET /charges/{charge_id}``."""
         return await self.get(Target("charge", safe_id(charge_id, "charge id")))
+
+    async def listing(
+        self, since: datetime, *, ids: Sequence[str] = (), failed_only: bool = False
+    ) -> AsyncIterator[Listed]:
+        """PagBank's API has no endpoint that lists orders or charges by time:
+        only ``GET /orders/{id}`` for `ids` (``ORDE_...``). Each order becomes
+        the event a notification of that state would be, with the same id
+        (``<order id>:<state digest>``, as :class:`~onceonly.providers.PagBank`
+        identifies a delivery): dedup with a delivered copy is exact."""
+        if not ids:
+            raise ConfigurationError(
+                "PagBank's API cannot list orders by time: pass the order ids to "
+                "check (onceonly reconcile pagbank --id ORDE_...)"
+            )
+        for order_id in ids:
+            order = await self.get(Target("order", safe_id(order_id, "order id")))
+            object_id = safe_id(order.get("id"), "the PagBank order id")
+            yield Listed(
+                f"{object_id}:{_state(order)}",
+                object_kind(object_id, order),
+                listed_body(order),
+                {RECONCILED_HEADER: "pagbank:order"},
+            )

@@ -10,12 +10,23 @@ else its ``payment_intent`` field (a charge, a refund, a dispute...).
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
 from typing import Any
 
-from ..._exceptions import NotFetchable
+from ..._exceptions import ApiError, NotFetchable
 from ...events import Event
 from ..base import lookup
-from ..client import ApiClient, Target, body_json, path_id, safe_id
+from ..client import (
+    RECONCILED_HEADER,
+    ApiClient,
+    Listed,
+    Target,
+    body_json,
+    listed_body,
+    path_id,
+    safe_id,
+)
 
 __all__ = ["StripeClient"]
 
@@ -28,6 +39,10 @@ class StripeClient(ApiClient):
     name = "stripe"
     default_base_url = "https://api.stripe.com"
     kinds = ("event", "payment_intent")
+    lists_by_time = True
+    # Stripe keeps 30 days of events and retries for 3: three days back
+    # covers every event Stripe has given up on.
+    default_window = 3 * 86400.0
 
     def target(self, event: Event, kind: str | None = None) -> Target:
         kind = self.kind_or_default(kind)
@@ -58,3 +73,46 @@ class StripeClient(ApiClient):
     async def retrieve_payment_intent(self, intent_id: str) -> dict[str, Any]:
         """``GET /v1/payment_intents/{intent_id}``."""
         return await self.get(Target("payment_intent", safe_id(intent_id, "payment intent id")))
+
+    async def listing(
+        self, since: datetime, *, ids: Sequence[str] = (), failed_only: bool = False
+    ) -> AsyncIterator[Listed]:
+        """``GET /v1/events?created[gte]=...`` page by page (``starting_after``),
+        or ``GET /v1/events/{id}`` for `ids`. A listed event is the event, with
+        the id and shape of its delivery: dedup with a delivered copy is exact.
+        `failed_only` adds ``delivery_success=false`` (events still pending or
+        whose every attempt to an endpoint failed)."""
+        if ids:
+            for event_id in ids:
+                yield _listed(await self.retrieve_event(event_id), "events")
+            return
+        params = {"created[gte]": str(int(since.timestamp())), "limit": str(self.page_size)}
+        if failed_only:
+            params["delivery_success"] = "false"
+        while True:
+            page = await self.get_json("/v1/events", params=params)
+            data = page.get("data")
+            if not isinstance(data, list):
+                raise ApiError(
+                    "stripe API answered GET /v1/events without a data list",
+                    provider=self.name,
+                    status=200,
+                )
+            for item in data:
+                yield _listed(item, "events-list")
+            if not page.get("has_more") or not data:
+                return
+            params["starting_after"] = safe_id(data[-1].get("id"), "the last listed event id")
+
+
+def _listed(event: Any, source: str) -> Listed:
+    if not isinstance(event, dict):
+        raise ApiError("stripe API listed an event that is not an object", provider="stripe")
+    event_id = safe_id(event.get("id"), "a listed Stripe event id")
+    kind = event.get("type")
+    return Listed(
+        event_id,
+        kind if isinstance(kind, str) else None,
+        listed_body(event),
+        {RECONCILED_HEADER: f"stripe:{source}"},
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from ..profile import (
@@ -12,11 +13,14 @@ from ..profile import (
     ApiObject,
     DeliverySchedule,
     DevProfile,
+    FakeListing,
     FakeRoute,
+    ListingState,
     Outgoing,
     PaymentFacts,
     doubling,
     encode,
+    query_int,
 )
 
 __all__ = ["PROFILE", "StripeProfile"]
@@ -37,6 +41,7 @@ class StripeProfile(DevProfile):
         FakeRoute("/v1/events/{object_id}", "event"),
         FakeRoute("/v1/payment_intents/{object_id}", "payment_intent"),
     )
+    listings = (FakeListing("/v1/events", "events"),)
 
     def object_id(self, digits: str, token: str) -> str:
         return f"pi_{token}"
@@ -90,6 +95,36 @@ class StripeProfile(DevProfile):
     def unauthorized(self, kind: str) -> ApiAnswer:
         error = {"type": "invalid_request_error", "message": "invalid credentials"}
         return ApiAnswer(401, {"error": error})
+
+    def listing(self, name: str, state: ListingState, query: Mapping[str, list[str]]) -> ApiAnswer:
+        # GET /v1/events: newest first, ``created[gte|gt|lte|lt]``,
+        # ``delivery_success`` (false: never acknowledged, which includes the
+        # deliveries lost for good), ``types[]``/``type``, ``starting_after``.
+        events = list(reversed(state.objects.get("event", [])))
+        events.sort(key=lambda e: -int(e.get("created", 0)))  # stable: ties keep order
+        bounds = {"gte": int.__ge__, "gt": int.__gt__, "lte": int.__le__, "lt": int.__lt__}
+        for op, test in bounds.items():
+            raw = query.get(f"created[{op}]")
+            if raw and raw[0].lstrip("-").isdigit():
+                limit_at = int(raw[0])
+                events = [e for e in events if test(int(e.get("created", 0)), limit_at)]
+        success = query.get("delivery_success")
+        if success:
+            wanted = success[0] == "true"
+            events = [e for e in events if state.delivered.get(e["id"], False) is wanted]
+        types = query.get("types[]") or query.get("type")
+        if types:
+            events = [e for e in events if e.get("type") in types]
+        after = query.get("starting_after")
+        if after:
+            ids = [e["id"] for e in events]
+            if after[0] not in ids:
+                return self.not_found("event", after[0])
+            events = events[ids.index(after[0]) + 1 :]
+        limit = query_int(query, "limit", 10, 100) or 10
+        page = events[:limit]
+        body = {"object": "list", "url": "/v1/events", "has_more": len(events) > limit}
+        return ApiAnswer(200, {**body, "data": page})
 
     def set_status(self, kind: str, obj: dict[str, Any], status: Any) -> None:
         # An event's status is that of the object it carries.
