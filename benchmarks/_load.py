@@ -2,10 +2,11 @@
 load that purge_stall.py needs (wrk has no fixed-rate mode).
 
 Requests are receive.py's: distinct, correctly signed Stripe events (its
-body template), signed as they are sent (an HMAC: microseconds). Each response is recorded with the moment it was due, sent
-and completed, so latency can be measured from the moment a request was due
-(a fixed-rate sender that falls behind does not hide the stall that made it
-fall behind) and the gaps between completions show a stall directly.
+body template), signed as they are sent (an HMAC: microseconds). Each response
+is recorded with the moment it was due, sent and completed, so latency can be
+measured from the moment a request was due (a fixed-rate sender that falls
+behind does not hide the stall that made it fall behind) and the gaps between
+completions show a stall directly.
 
 A Python client tops out at a few thousand requests/s on one core, and shares
 the cores with the server: with it, receive throughput figures say how the
@@ -19,6 +20,7 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import itertools
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -105,7 +107,7 @@ def longest_gap(samples: list[Sample], start: float, end: float) -> float:
     if not moments:
         return end - start
     edges = [start, *moments, end]
-    return max(b - a for a, b in zip(edges, edges[1:], strict=False))
+    return max(b - a for a, b in itertools.pairwise(edges))
 
 
 class Connection:
@@ -191,8 +193,9 @@ async def open_loop(
     connections: int,
     until: asyncio.Event,
 ) -> LoadRun:
-    """Deliveries due at a fixed `rate` per second until `until` is set, over at most `connections` connections; each sample's latency is
-    from the moment it was due."""
+    """Deliveries due at a fixed `rate` per second until `until` is set, over at
+    most `connections` connections; each sample's latency is from the moment it
+    was due."""
     run = LoadRun()
     idle: asyncio.Queue[Connection] = asyncio.Queue()
     pool = [Connection(port) for _ in range(connections)]
