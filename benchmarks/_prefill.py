@@ -129,15 +129,25 @@ async def _pg_fill(url: str, fill: Fill) -> None:
         await conn.close()
 
 
-async def _pg_exists(admin_url: str, database: str) -> bool:
+COMPLETE = "onceonly benchmark prefill, complete"
+
+
+async def _pg_template_state(admin_url: str, database: str) -> str:
+    """ "missing", "complete", or "partial" (a fill that was killed half-way)."""
     import asyncpg
 
     conn = await asyncpg.connect(admin_url, timeout=10)
     try:
-        found = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", database)
-        return found is not None
+        row = await conn.fetchrow(
+            "SELECT shobj_description(oid, 'pg_database') AS note FROM pg_database"
+            " WHERE datname = $1",
+            database,
+        )
     finally:
         await conn.close()
+    if row is None:
+        return "missing"
+    return "complete" if row["note"] == COMPLETE else "partial"
 
 
 async def _pg_admin(admin_url: str, *statements: str) -> None:
@@ -155,12 +165,21 @@ def pg_prepare(admin_url: str, database: str, fill: Fill, *, template_prefix: st
     """Database `database` (dropped first) holding `fill`, copied from a template
     database made (and filled) on first use; its URL. The template is left in
     place: drop it with pg_drop_template() unless it is to be cached."""
-    template = f"{template_prefix}_{fill.tag}"[:63]
-    if not asyncio.run(_pg_exists(admin_url, template)):
+    template = pg_template_name(template_prefix, fill)
+    state = asyncio.run(_pg_template_state(admin_url, template))
+    if state != "complete":
         log(f"filling template database {template} ({fill.rows:,} rows)")
-        asyncio.run(_pg_admin(admin_url, f'CREATE DATABASE "{template}"'))
+        asyncio.run(
+            _pg_admin(
+                admin_url,
+                f'DROP DATABASE IF EXISTS "{template}" WITH (FORCE)',
+                f'CREATE DATABASE "{template}"',
+            )
+        )
         try:
             asyncio.run(_pg_fill(pg_url_for(admin_url, template), fill))
+            # Marked only once full: a fill killed half-way is never reused.
+            asyncio.run(_pg_admin(admin_url, f"COMMENT ON DATABASE \"{template}\" IS '{COMPLETE}'"))
         except BaseException:
             asyncio.run(_pg_admin(admin_url, f'DROP DATABASE IF EXISTS "{template}" WITH (FORCE)'))
             raise
