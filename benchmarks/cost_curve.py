@@ -451,7 +451,7 @@ def print_table(results: Sequence[SizeResult], env: dict[str, Any]) -> None:
     )
     header = (
         f"{'rows':>11}{'claim p50':>10}{'p99 ms':>8}{'worker/s':>10}{'recv/s':>9}"
-        f"{'p99 ms':>8}{'other':>7}  {'vs 0 rows: claim p50, p99, worker, recv, recv p99':<50}"
+        f"{'p99 ms':>8}{'other':>7}  vs 0 rows: claim p50, p99, worker, recv, recv p99"
     )
     print(header)
     print("-" * len(header))
