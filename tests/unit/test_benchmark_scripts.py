@@ -1,0 +1,75 @@
+"""The issue-19 benchmark scripts parse their options as their --help says, and
+their stall arithmetic is right (the scripts themselves are run by hand, not in CI)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture
+def scripts(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, ModuleType]]:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import _load
+    import cost_curve
+    import purge_stall
+    import worker_peers
+
+    yield {
+        "cost_curve": cost_curve,
+        "purge_stall": purge_stall,
+        "worker_peers": worker_peers,
+        "_load": _load,
+    }
+    for name in ("_load", "_prefill", "cost_curve", "purge_stall", "worker_peers", "receive"):
+        sys.modules.pop(name, None)
+
+
+def test_worker_peers_options(scripts: dict[str, ModuleType]) -> None:
+    parse = scripts["worker_peers"].parse_args
+    args = parse([])
+    assert (args.jobs, args.only) == (20_000, ["onceonly", "pgqueuer", "procrastinate"])
+    # --only keeps the canonical order, whatever order it was given in.
+    assert parse(["--only", "procrastinate,onceonly", "--jobs", "500"]).only == [
+        "onceonly",
+        "procrastinate",
+    ]
+    with pytest.raises(SystemExit) as exc:
+        parse(["--only", "celery"])
+    assert exc.value.code == 2
+
+
+def test_cost_curve_rows_default_per_engine(scripts: dict[str, ModuleType]) -> None:
+    parse = scripts["cost_curve"].parse_args
+    assert parse([]).rows == [0, 1_000_000, 10_000_000]
+    assert parse(["--engine", "sqlite"]).rows == [0, 1_000_000]
+    assert parse(["--rows", "0,20000"]).rows == [0, 20_000]
+    for bad in (["--rows", "0,lots"], ["--rows", "-5"], ["--pending", "10"]):
+        with pytest.raises(SystemExit):
+            parse(bad)
+
+
+def test_purge_stall_options(scripts: dict[str, ModuleType]) -> None:
+    parse = scripts["purge_stall"].parse_args
+    args = parse([])
+    assert (args.rows, args.rate, args.older_than) == (1_000_000, 200.0, "30d")
+    with pytest.raises(SystemExit):
+        parse(["--rate", "0"])
+
+
+def test_longest_gap_is_the_longest_time_without_a_response(
+    scripts: dict[str, ModuleType],
+) -> None:
+    load = scripts["_load"]
+    samples = [load.Sample(due=t, done=t + 0.001, status=200) for t in (0.0, 0.01, 0.25, 0.26)]
+    # Completions at 0.001, 0.011, 0.251, 0.261 within [0, 0.3]: the gap 0.011 -> 0.251.
+    assert load.longest_gap(samples, 0.0, 0.3) == pytest.approx(0.24)
+    # A window with no completion at all is one stall as long as the window.
+    assert load.longest_gap(samples, 0.1, 0.2) == pytest.approx(0.1)
+    assert load.percentile([5.0, 1.0, 3.0, 2.0, 4.0], 50) == 3.0
