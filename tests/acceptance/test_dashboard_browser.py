@@ -25,6 +25,7 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
@@ -132,7 +133,8 @@ def test_replay_a_dead_event_from_the_browser(
 ) -> None:
     server, marker = served
     body, headers = stripe_delivery(
-        "evt_dashboard_1", extra={"note": HOSTILE, "card": {"number": CARD}}
+        "evt_dashboard_1",
+        extra={"note": HOSTILE, "card": {"number": CARD}, "object": {"id": "pi_dashboard"}},
     )
     assert httpx.post(f"{server.url}/webhooks/stripe", content=body, headers=headers).is_success
     pk = _wait_dead(server.url, token, "evt_dashboard_1")
@@ -148,6 +150,7 @@ def test_replay_a_dead_event_from_the_browser(
 
     # The overview lists the dead event; open it.
     dead_table = wait.until(ec.presence_of_element_located((By.ID, "dead-events")))
+    _check_the_chart(browser)
     dead_table.find_element(By.LINK_TEXT, "evt_dashboard_1").click()
     wait.until(ec.text_to_be_present_in_element((By.ID, "event-status"), "dead"))
     assert browser.current_url.endswith(f"/dashboard/events/{pk}")
@@ -160,6 +163,8 @@ def test_replay_a_dead_event_from_the_browser(
     assert CARD not in browser.page_source
     signature = browser.find_element(By.XPATH, "//table[@id='headers']//tr[th='stripe-signature']")
     assert "[redacted]" in signature.text
+
+    _check_the_search(browser, wait, f"{server.url}/dashboard/events/{pk}")
 
     # Deploy the fix, replay, and watch the page follow the worker.
     marker.touch()
@@ -186,6 +191,57 @@ def test_replay_a_dead_event_from_the_browser(
     browser.find_element(By.ID, "sign-in").click()
     wait.until(ec.presence_of_element_located((By.ID, "login-error")))
     assert "evt_dashboard_1" not in browser.page_source
+
+
+def _check_the_search(browser: WebDriver, wait: WebDriverWait[WebDriver], event_page: str) -> None:
+    """From the event page, back to it."""
+    # The object id links to every event about that payment; the search box finds it too.
+    browser.find_element(By.CSS_SELECTOR, "#event-object a").click()
+    wait.until(ec.presence_of_element_located((By.ID, "events")))
+    assert [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#events a.event-link")] == [
+        "evt_dashboard_1"
+    ]
+    search = browser.find_element(By.ID, "object-search")
+    search.clear()
+    search.send_keys("pi_nobody", Keys.ENTER)
+    wait.until(ec.presence_of_element_located((By.ID, "no-match")))
+    browser.get(event_page)
+    wait.until(ec.text_to_be_present_in_element((By.ID, "event-status"), "dead"))
+
+
+def _check_the_chart(browser: WebDriver) -> None:
+    """The overview draws the activity chart: one point per minute of the
+    default hour in each line, styled by the stylesheet (the CSP forbids
+    inline styles), and the received line off its baseline for the delivery."""
+    chart = browser.find_element(By.ID, "activity-chart")
+    assert chart.is_displayed()
+    assert chart.size["width"] > 300
+    assert chart.find_element(By.TAG_NAME, "title").get_attribute("textContent") == (
+        "Events per minute"
+    )
+    lines = {
+        str(line.get_attribute("data-series")): line
+        for line in chart.find_elements(By.TAG_NAME, "polyline")
+    }
+    assert set(lines) == {"received", "duplicates", "processed", "failed"}
+    baseline = float(
+        browser.find_element(By.CSS_SELECTOR, "#activity-chart line.axis").get_attribute("y1") or 0
+    )
+    for name, line in lines.items():
+        points = str(line.get_attribute("points")).split()
+        assert len(points) == 60, name
+        assert line.value_of_css_property("stroke") not in ("none", ""), name
+    heights = [
+        float(p.split(",")[1]) for p in str(lines["received"].get_attribute("points")).split()
+    ]
+    assert min(heights) < baseline  # the delivery is drawn
+    assert max(heights) == baseline  # and the quiet minutes sit on the axis
+    # Two failed attempts (the event went dead): the failed line rises too.
+    failed = [float(p.split(",")[1]) for p in str(lines["failed"].get_attribute("points")).split()]
+    assert min(failed) < baseline
+    # The table fallback holds the same minutes.
+    rows = browser.find_elements(By.CSS_SELECTOR, "#activity-table tbody tr")
+    assert len(rows) == 60
 
 
 def test_without_the_token_the_dashboard_refuses(served: tuple[Server, Path], token: str) -> None:

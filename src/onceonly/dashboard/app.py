@@ -52,7 +52,7 @@ _NUMBERS = ("before", "limit")
 _MAX_PARAMETER = 1000
 #: The activity chart's default window and the ones its menu offers.
 ACTIVITY_MINUTES = 60
-_WINDOWS = (15, 60, 180, 720, MAX_MINUTES)
+_WINDOWS = (15, 60, 180)
 
 
 def _bad_parameters(request: Request) -> str | None:

@@ -430,7 +430,8 @@ def test_the_activity_chart_and_its_json_count_this_minute_s_events(app: Onceonl
     assert totals == {"received": 2, "processed": 1, "failed": 1}
     assert sum(m["duplicates"] for m in series) == 1
     lags = [m["lag_max"] for m in series if m["processed"]]
-    assert len(lags) == 1 and 0 <= lags[0] < 60
+    assert len(lags) == 1
+    assert 0 <= lags[0] < 60
     assert activity["oldest_pending_age"] == 0
     html = overview.text
     assert overview.status_code == 200
