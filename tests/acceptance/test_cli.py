@@ -83,7 +83,9 @@ def test_unreachable_database_is_reported_not_a_traceback(tmp_path: Path) -> Non
 
 def test_serve_then_list_and_show(server: Server, env: dict[str, str], tmp_path: Path) -> None:
     old_body, old_headers = stripe_delivery("evt_old_secret", secret="whsec_old")
-    body, headers = stripe_delivery("evt_cli", event_type="charge.refunded")
+    body, headers = stripe_delivery(
+        "evt_cli", event_type="charge.refunded", extra={"object": {"id": "ch_cli"}}
+    )
     with httpx.Client() as client:
         assert client.post(f"{server.url}/webhooks/stripe", content=body, headers=headers)
         rotated = client.post(
@@ -105,6 +107,10 @@ def test_serve_then_list_and_show(server: Server, env: dict[str, str], tmp_path:
     assert "charge.refunded" in table.stdout
     none = run("events", "list", "--status", "dead", env=env, cwd=tmp_path)
     assert "no events" in none.stdout
+    about = run(
+        "events", "list", "--object-id", "ch_cli", "--format", "json", env=env, cwd=tmp_path
+    )
+    assert [r["event_id"] for r in json.loads(about.stdout)] == ["evt_cli"]
 
     shown = run("events", "show", "stripe:evt_cli", "--format", "json", env=env, cwd=tmp_path)
     assert json.loads(shown.stdout)["body"] == body.decode()

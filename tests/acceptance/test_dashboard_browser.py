@@ -25,6 +25,7 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
@@ -132,7 +133,8 @@ def test_replay_a_dead_event_from_the_browser(
 ) -> None:
     server, marker = served
     body, headers = stripe_delivery(
-        "evt_dashboard_1", extra={"note": HOSTILE, "card": {"number": CARD}}
+        "evt_dashboard_1",
+        extra={"note": HOSTILE, "card": {"number": CARD}, "object": {"id": "pi_dashboard"}},
     )
     assert httpx.post(f"{server.url}/webhooks/stripe", content=body, headers=headers).is_success
     pk = _wait_dead(server.url, token, "evt_dashboard_1")
@@ -148,6 +150,7 @@ def test_replay_a_dead_event_from_the_browser(
 
     # The overview lists the dead event; open it.
     dead_table = wait.until(ec.presence_of_element_located((By.ID, "dead-events")))
+    _check_the_chart(browser)
     dead_table.find_element(By.LINK_TEXT, "evt_dashboard_1").click()
     wait.until(ec.text_to_be_present_in_element((By.ID, "event-status"), "dead"))
     assert browser.current_url.endswith(f"/dashboard/events/{pk}")
@@ -167,6 +170,7 @@ def test_replay_a_dead_event_from_the_browser(
     wait.until(ec.text_to_be_present_in_element((By.ID, "notice"), "Put back in line"))
     wait.until(ec.text_to_be_present_in_element((By.ID, "event-status"), "processed"))
     assert not browser.find_element(By.ID, "replay-box").is_displayed()
+    _check_the_search(browser, wait)
 
     # Live counts: a new delivery shows up on the open overview without a reload.
     browser.get(f"{server.url}/dashboard/")
@@ -186,6 +190,66 @@ def test_replay_a_dead_event_from_the_browser(
     browser.find_element(By.ID, "sign-in").click()
     wait.until(ec.presence_of_element_located((By.ID, "login-error")))
     assert "evt_dashboard_1" not in browser.page_source
+
+
+def _check_the_search(browser: WebDriver, wait: WebDriverWait[WebDriver]) -> None:
+    """From the event page: its object id links to every event about that
+    payment, and the search box finds it too."""
+    browser.find_element(By.CSS_SELECTOR, "#event-object a").click()
+    wait.until(ec.presence_of_element_located((By.ID, "events")))
+    assert [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#events a.event-link")] == [
+        "evt_dashboard_1"
+    ]
+    search = browser.find_element(By.ID, "object-search")
+    search.clear()
+    search.send_keys("pi_nobody", Keys.ENTER)
+    wait.until(ec.presence_of_element_located((By.ID, "no-match")))
+
+
+# What the browser made of the chart, read in one round trip: the points as
+# it parsed them, the stroke the stylesheet gave each line, the drawn width.
+_CHART = """
+const svg = document.getElementById("activity-chart");
+const lines = {};
+for (const line of svg.querySelectorAll("polyline")) {
+  const ys = [];
+  for (let i = 0; i < line.points.numberOfItems; i++) ys.push(line.points.getItem(i).y);
+  lines[line.dataset.series] = {
+    ys: ys, stroke: getComputedStyle(line).stroke, width: line.getBBox().width,
+  };
+}
+return {
+  width: svg.getBoundingClientRect().width,
+  title: svg.querySelector("title").textContent,
+  baseline: svg.querySelector("line.axis").y1.baseVal.value,
+  lines: lines,
+  rows: document.querySelectorAll("#activity-table tbody tr").length,
+};
+"""
+
+
+def _check_the_chart(browser: WebDriver) -> None:
+    """The overview draws the activity chart: one point per minute of the
+    default hour in each line, styled by the stylesheet (the CSP forbids
+    inline styles), the received and failed lines off the baseline."""
+    chart = browser.execute_script(_CHART)
+    assert chart["width"] > 300
+    assert chart["title"] == "Events per minute"
+    lines = chart["lines"]
+    assert set(lines) == {"received", "duplicates", "processed", "failed"}
+    baseline = chart["baseline"]
+    for name, line in lines.items():
+        assert len(line["ys"]) == 60, name
+        assert line["stroke"] not in ("none", ""), name
+        assert line["width"] > 300, name
+    # The delivery, and its two failed attempts (it went dead), rise off the
+    # axis; the quiet minutes sit on it.
+    for name in ("received", "failed"):
+        assert min(lines[name]["ys"]) < baseline, name
+        assert max(lines[name]["ys"]) == baseline, name
+    assert set(lines["processed"]["ys"]) == {baseline}
+    # The table fallback holds the same minutes.
+    assert chart["rows"] == 60
 
 
 def test_without_the_token_the_dashboard_refuses(served: tuple[Server, Path], token: str) -> None:

@@ -36,6 +36,10 @@ def events() -> None:
 )
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))
 @click.option("--before", "before_id", type=int, help="Only events with an id below this one.")
+@click.option(
+    "--object-id",
+    help="Only events about this provider object (a payment id), from every provider.",
+)
 @_FORMAT
 @fail_cleanly
 def list_events(
@@ -45,6 +49,7 @@ def list_events(
     status: str | None,
     limit: int,
     before_id: int | None,
+    object_id: str | None,
     fmt: str,
 ) -> None:
     """List events, newest first."""
@@ -56,6 +61,7 @@ def list_events(
             status=EventStatus(status) if status else None,
             limit=limit,
             before_id=before_id,
+            object_id=object_id,
         ),
     )
     if fmt == "json":

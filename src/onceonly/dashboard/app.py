@@ -26,7 +26,9 @@ from .._version import __version__
 from ..asgi import Message, Receive, Scope, Send
 from ..events import EventStatus
 from ..operations import DASHBOARD_REPLAYABLE, replay
+from ..store.activity import MAX_MINUTES
 from .access import COOKIE_NAME, Access
+from .chart import activity_charts
 from .reader import STATUSES, EventReader, format_time
 from .redaction import Redactor
 from .sessions import SESSION_SECONDS, Sessions
@@ -48,6 +50,9 @@ _MAX_ID = 2**63 - 1
 _NUMBERS = ("before", "limit")
 #: A filter longer than any provider name, event type or id is no filter.
 _MAX_PARAMETER = 1000
+#: The activity chart's default window and the ones its menu offers.
+ACTIVITY_MINUTES = 60
+_WINDOWS = (15, 60, 180)
 
 
 def _bad_parameters(request: Request) -> str | None:
@@ -63,7 +68,19 @@ def _bad_parameters(request: Request) -> str | None:
             and not (value.isascii() and value.isdigit() and int(value) <= _MAX_ID)
         ):
             return f"the {name!r} parameter must be a whole number below 2^63"
+        if (
+            name == "minutes"
+            and value
+            and not (value.isascii() and value.isdigit() and 1 <= int(value) <= MAX_MINUTES)
+        ):
+            return f"the 'minutes' parameter must be a whole number from 1 to {MAX_MINUTES}"
     return None
+
+
+def _minutes(request: Request) -> int:
+    """The activity window asked for (checked by :func:`_bad_parameters`)."""
+    value = request.query_params.get("minutes", "")
+    return int(value) if value else ACTIVITY_MINUTES
 
 
 MAX_FORM_BYTES = 8192
@@ -124,6 +141,7 @@ class Dashboard:
                 Route("/api/counts", self._guarded(self.api_counts)),
                 Route("/api/events", self._guarded(self.api_events)),
                 Route("/api/events/{id:int}", self._guarded(self.api_event)),
+                Route("/api/activity", self._guarded(self.api_activity)),
                 Route("/login", self.login_form, methods=["GET"]),
                 Route("/login", self.login, methods=["POST"]),
                 Route("/logout", self._guarded(self.logout), methods=["POST"]),
@@ -183,7 +201,7 @@ class Dashboard:
             problem = _bad_parameters(request)
             if problem is not None:
                 if _wants_json(request):
-                    return JSONResponse({"error": problem}, 400)
+                    return _bad_request(problem)
                 return self._page(request, "error.html", {"title": problem}, status=400)
             if request.path_params.get("id", 0) > _MAX_ID:
                 # Past the id column's range: no such event (not a database error).
@@ -281,6 +299,8 @@ class Dashboard:
         dead = await run_in_threadpool(
             lambda: self.reader.events(status=EventStatus.DEAD.value, limit=20)
         )
+        minutes = _minutes(request)
+        activity = await run_in_threadpool(self.reader.activity, minutes)
         return self._page(
             request,
             "overview.html",
@@ -291,6 +311,9 @@ class Dashboard:
                 "dead": dead,
                 "live": True,
                 "replayed": replayed if replayed.isdigit() else None,
+                "activity": activity,
+                "charts": activity_charts(activity.minutes),
+                "windows": sorted({*_WINDOWS, minutes}),
             },
         )
 
@@ -299,6 +322,8 @@ class Dashboard:
         provider = q.get("provider") or None
         status = q.get("status") or None
         event_type = q.get("type") or None
+        # Pasted from a provider's console: the spaces around it are not part of it.
+        object_id = q.get("object_id", "").strip() or None
         before = q.get("before", "")
         before_id = int(before) if before.isdigit() else None
         if status is not None and status not in STATUSES:
@@ -310,10 +335,16 @@ class Dashboard:
                 event_type=event_type,
                 before_id=before_id,
                 limit=PAGE_SIZE,
+                object_id=object_id,
             )
         )
         counts = await run_in_threadpool(self.reader.counts)
-        filters = {"provider": provider or "", "status": status or "", "type": event_type or ""}
+        filters = {
+            "provider": provider or "",
+            "status": status or "",
+            "type": event_type or "",
+            "object_id": object_id or "",
+        }
         older = None
         if len(rows) == PAGE_SIZE:
             older = urlencode({**{k: v for k, v in filters.items() if v}, "before": rows[-1].id})
@@ -421,9 +452,14 @@ class Dashboard:
                 event_type=q.get("type") or None,
                 before_id=int(before) if before.isdigit() else None,
                 limit=min(int(limit), 1000) if limit.isdigit() else PAGE_SIZE,
+                object_id=q.get("object_id", "").strip() or None,
             )
         )
         return JSONResponse([r.to_dict() for r in rows])
+
+    async def api_activity(self, request: Request) -> Response:
+        activity = await run_in_threadpool(self.reader.activity, _minutes(request))
+        return JSONResponse(activity.to_dict())
 
     async def api_event(self, request: Request) -> Response:
         pk: int = request.path_params["id"]
@@ -507,6 +543,22 @@ def _route_path(scope: Scope) -> str:
     if root and path.startswith(root) and (len(path) == len(root) or path[len(root)] == "/"):
         return path[len(root) :]
     return path
+
+
+def _bad_request(detail: str) -> Response:
+    """An RFC 9457 problem document, as the receiver answers; ``error`` too,
+    the key the dashboard's other JSON errors use."""
+    return JSONResponse(
+        {
+            "type": "urn:onceonly:problem:bad-query",
+            "title": "Bad query string",
+            "status": 400,
+            "detail": detail,
+            "error": detail,
+        },
+        400,
+        media_type="application/problem+json",
+    )
 
 
 def _wants_json(request: Request) -> bool:

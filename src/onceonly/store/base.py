@@ -125,8 +125,11 @@ class Store(ABC):
         status: EventStatus | None = None,
         limit: int = 50,
         before_id: int | None = None,
+        object_id: str | None = None,
     ) -> list[Event]:
-        """Newest first, optionally filtered; `before_id` pages further back."""
+        """Newest first, optionally filtered; `before_id` pages further back;
+        `object_id` finds the events about one provider object (a payment),
+        across providers."""
 
     @abstractmethod
     async def get_event(self, id: int) -> Event | None:

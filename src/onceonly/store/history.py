@@ -40,9 +40,10 @@ Moment = datetime | str
 #: The unfinished statuses the queue gauges count.
 QUEUE_STATUSES = ("pending", "processing", "failed", "dead")
 
-#: Columns added by schema version 4 (duplicate counting, payload retention):
-#: read when present, so the dashboard also works on an older schema.
-OPTIONAL_COLUMNS = ("duplicates", "last_duplicate_at", "payload_purged_at")
+#: Columns added by schema version 4 (duplicate counting, payload retention)
+#: and later (the provider's object id): read when present, so the dashboard
+#: also works on an older schema.
+OPTIONAL_COLUMNS = ("duplicates", "last_duplicate_at", "payload_purged_at", "object_id")
 
 _SUMMARY_COLUMNS = "id, provider, event_id, event_type, status, attempts, received_at, last_error"
 
@@ -91,6 +92,8 @@ class EventSummary:
     last_error: str | None
     #: ``None`` when the schema does not count duplicates.
     duplicates: int | None
+    #: The provider's object (a payment id), when the provider names one.
+    object_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +201,12 @@ class EventHistory:
         depth = {str(row.status): int(row.n) for row in rows}
         return QueueStats(depth=depth, oldest_pending_age=max(0.0, float(age or 0.0)))
 
+    def oldest_pending_age(self, engine: sa.Engine) -> float:
+        """Seconds since the oldest pending event was received (0: none waits)."""
+        with translated("reading the queue"), engine.connect() as conn:
+            age = conn.execute(sa.text(self._sql.oldest_pending_age)).scalar()
+        return max(0.0, float(age or 0.0))
+
     # The dashboard.
 
     def tallies(self, engine: sa.Engine) -> Tallies:
@@ -233,14 +242,19 @@ class EventHistory:
         event_type: str | None = None,
         before_id: int | None = None,
         limit: int = 50,
+        object_id: str | None = None,
     ) -> list[EventSummary]:
-        """Newest first; each filter (when given and not empty) is an exact match."""
+        """Newest first; each filter (when given and not empty) is an exact match.
+
+        `object_id` finds every event about one provider object (a payment),
+        across providers, through ``onceonly_events_object_idx``."""
         where = []
         params: dict[str, Any] = {"limit": limit}
         for column, value in (
             ("provider", provider),
             ("status", status),
             ("event_type", event_type),
+            ("object_id", object_id),
         ):
             if value:
                 where.append(f"{column} = :{column}")
@@ -250,7 +264,10 @@ class EventHistory:
             params["before_id"] = before_id
         clause = f" WHERE {' AND '.join(where)}" if where else ""
         with translated("listing events"), engine.connect() as conn:
-            extra = ", duplicates" if "duplicates" in self._columns(conn) else ""
+            present = self._columns(conn)
+            if object_id and "object_id" not in present:
+                return []  # a schema from before object ids: no event names one
+            extra = "".join(f", {c}" for c in ("duplicates", "object_id") if c in present)
             rows = conn.execute(
                 sa.text(
                     f"SELECT {_SUMMARY_COLUMNS}{extra} FROM onceonly_events{clause}"
@@ -329,6 +346,7 @@ def _summary(row: sa.Row[Any]) -> EventSummary:
         received_at=row.received_at,
         last_error=row.last_error,
         duplicates=int(mapping["duplicates"] or 0) if "duplicates" in mapping else None,
+        object_id=mapping.get("object_id"),
     )
 
 

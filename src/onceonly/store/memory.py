@@ -101,6 +101,7 @@ class MemoryStore(Store):
         status: EventStatus | None = None,
         limit: int = 50,
         before_id: int | None = None,
+        object_id: str | None = None,
     ) -> list[Event]:
         self._check()
         found = [
@@ -109,6 +110,7 @@ class MemoryStore(Store):
             if (provider is None or e.provider == provider)
             and (status is None or e.status == status)
             and (before_id is None or e.id < before_id)
+            and (object_id is None or e.object_id == object_id)
         ]
         return found[:limit]
 

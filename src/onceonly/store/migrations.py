@@ -72,6 +72,19 @@ _EVENTS_8_INDEXES = (
     " WHERE ordering_key IS NOT NULL AND status IN ('pending', 'processing', 'failed')",
 )
 
+# The dashboard's activity chart reads each minute's processed events, latest
+# duplicates and failed attempts by time (onceonly.store.activity). Partial
+# where the column is mostly NULL, so a row costs an index entry only once it
+# has the time. received_at gets none: the receiver's insert is the hot path,
+# and the chart finds the window's first row by the id instead.
+_ACTIVITY_INDEXES = (
+    "CREATE INDEX onceonly_events_processed_idx ON onceonly_events (processed_at)"
+    " WHERE processed_at IS NOT NULL",
+    "CREATE INDEX onceonly_events_duplicate_idx ON onceonly_events (last_duplicate_at)"
+    " WHERE last_duplicate_at IS NOT NULL",
+    "CREATE INDEX onceonly_attempts_finished_idx ON onceonly_attempts (finished_at)",
+)
+
 MIGRATIONS: dict[str, tuple[Migration, ...]] = {
     "sqlite": (
         Migration(
@@ -290,6 +303,7 @@ MIGRATIONS: dict[str, tuple[Migration, ...]] = {
             ),
             rebuilds=True,
         ),
+        Migration(9, "indexes for the dashboard's activity chart", _ACTIVITY_INDEXES),
     ),
     "postgresql": (
         Migration(
@@ -491,6 +505,7 @@ MIGRATIONS: dict[str, tuple[Migration, ...]] = {
                 *_EVENTS_8_INDEXES,
             ),
         ),
+        Migration(10, "indexes for the dashboard's activity chart", _ACTIVITY_INDEXES),
     ),
 }
 

@@ -233,6 +233,14 @@ class _Builder:
                 "id",
                 where="ordering_key IS NOT NULL AND status IN ('pending', 'processing', 'failed')",
             ),
+            self._partial(
+                "onceonly_events_processed_idx", "processed_at", where="processed_at IS NOT NULL"
+            ),
+            self._partial(
+                "onceonly_events_duplicate_idx",
+                "last_duplicate_at",
+                where="last_duplicate_at IS NOT NULL",
+            ),
             sqlite_autoincrement=True,
         )
 
@@ -250,6 +258,7 @@ class _Builder:
             sa.Column("traceback", sa.Text),
             sa.Column("finished_at", self.d.stamp, nullable=False),
             sa.Index("onceonly_attempts_event_idx", "event_pk", "id"),
+            sa.Index("onceonly_attempts_finished_idx", "finished_at"),
             sqlite_autoincrement=True,
         )
 

@@ -381,3 +381,65 @@ def test_a_database_that_is_away_is_a_503_page_or_json(engine: str, tmp_path: Pa
         response = client.get("/events", headers=cookie)
         assert response.status_code == 503
         assert "Database not reachable" in response.text
+
+
+def test_the_object_search_lists_every_provider_s_events_of_one_object(app: Onceonly) -> None:
+    with serving(app) as url:
+        deliver(url, "evt_paid", extra={"object": {"id": "pi_same"}})
+        deliver(url, "evt_shop_paid", provider="shop", extra={"object": {"id": "pi_same"}})
+        deliver(url, "evt_other", extra={"object": {"id": "pi_other"}})
+        with httpx.Client(base_url=url, headers=BEARER) as client:
+            ids = ids_by_event(client)
+            page = client.get("/dashboard/events", params={"object_id": " pi_same "})
+            api = client.get("/dashboard/api/events", params={"object_id": "pi_same"}).json()
+            detail = client.get(f"/dashboard/events/{ids['evt_paid']}").text
+            none = client.get("/dashboard/events", params={"object_id": "pi_sam"}).text
+    assert page.status_code == 200
+    assert shown_ids(page.text) == [ids["evt_shop_paid"], ids["evt_paid"]]
+    assert 'value="pi_same"' in page.text  # the search box keeps what was searched
+    assert [(row["event_id"], row["object_id"]) for row in api] == [
+        ("evt_shop_paid", "pi_same"),
+        ("evt_paid", "pi_same"),
+    ]
+    # The event page links its object to that search.
+    assert 'href="/dashboard/events?object_id=pi_same"' in detail
+    assert shown_ids(none) == []
+    assert 'id="no-match"' in none
+
+
+def test_the_activity_chart_and_its_json_count_this_minute_s_events(app: Onceonly) -> None:
+    with serving(app) as url:
+        deliver(url, "evt_ok")
+        assert deliver(url, "evt_ok").headers["onceonly-duplicate"] == "true"
+        deliver(url, "evt_declined", event_type="charge.failed")
+        app.worker(concurrency=1).run_until_idle()
+        with httpx.Client(base_url=url, headers=BEARER) as client:
+            activity = client.get("/dashboard/api/activity", params={"minutes": "5"}).json()
+            overview = client.get("/dashboard/", params={"minutes": "5"}, headers={"accept": ""})
+            default = client.get("/dashboard/api/activity").json()
+            hostile = {
+                value: client.get("/dashboard/api/activity", params={"minutes": value})
+                for value in ("0", "1441", "-1", "1e3", "²", "9" * 40, "abc")
+            }
+            page_400 = client.get("/dashboard/", params={"minutes": "0"}, headers={"accept": ""})
+    series = activity["series"]
+    assert activity["minutes"] == len(series) == 5
+    assert default["minutes"] == 60
+    # The minute may have turned between the deliveries: sum over the window.
+    totals = {k: sum(m[k] for m in series) for k in ("received", "processed", "failed")}
+    assert totals == {"received": 2, "processed": 1, "failed": 1}
+    assert sum(m["duplicates"] for m in series) == 1
+    lags = [m["lag_max"] for m in series if m["processed"]]
+    assert len(lags) == 1
+    assert 0 <= lags[0] < 60
+    assert activity["oldest_pending_age"] == 0
+    html = overview.text
+    assert overview.status_code == 200
+    for name in ("received", "duplicates", "processed", "failed"):
+        assert f'data-series="{name}" data-points="5"' in html
+    assert html.count("<tr data-minute=") == 5
+    for value, response in hostile.items():
+        assert response.status_code == 400, value
+        assert response.headers["content-type"] == "application/problem+json", value
+        assert response.json()["status"] == 400
+    assert page_400.status_code == 400

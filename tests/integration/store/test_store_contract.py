@@ -110,6 +110,20 @@ async def test_listing_filters_and_pages_newest_first(store: Store) -> None:
     assert [e.id for e in page + rest] == [e.id for e in everything]
     assert await store.list_events(status=EventStatus.PROCESSED) == []
     assert len(await store.list_events(status=EventStatus.PENDING, limit=100)) == 7
+    # One payment, two providers' events about it (and the filters combine).
+    for provider, event_id in (("stripe", "evt_pay_a"), ("asaas", "evt_pay_b")):
+        await store.insert_events(
+            [NewEvent(provider, event_id, None, b"{}", {}, object_id="pay_1")]
+        )
+    about = await store.list_events(object_id="pay_1")
+    assert [(e.provider, e.event_id) for e in about] == [
+        ("asaas", "evt_pay_b"),
+        ("stripe", "evt_pay_a"),
+    ]
+    assert [e.event_id for e in await store.list_events(object_id="pay_1", provider="stripe")] == [
+        "evt_pay_a"
+    ]
+    assert await store.list_events(object_id="pay_") == []
 
 
 class TestWorkQueue:
