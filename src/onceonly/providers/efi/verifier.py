@@ -41,7 +41,15 @@ from typing import Any
 
 from ..._exceptions import ConfigurationError, PayloadError
 from ...events import Delivery, EventInfo
-from ..base import Provider, any_match, as_event_id, json_object, sha256_hex
+from ..base import (
+    Provider,
+    any_match,
+    as_event_id,
+    json_object,
+    moment,
+    object_text,
+    sha256_hex,
+)
 
 __all__ = ["Efi", "pix_event_id", "pix_items"]
 
@@ -137,8 +145,17 @@ class Efi(Provider):
     def identify(self, delivery: Delivery) -> EventInfo:
         data = json_object(delivery)
         event_id = pix_event_id(data)
-        refunded = any(_refunds(item) for item in pix_items(data))
-        return EventInfo(event_id, "pix.devolucao" if refunded else "pix")
+        items = pix_items(data)
+        refunded = any(_refunds(item) for item in items)
+        # One Pix is about its charge (txid, or the Pix itself without one),
+        # paid at `horario`; a delivery of several is about no single object.
+        single = items[0] if len(items) == 1 else {}
+        return EventInfo(
+            event_id,
+            "pix.devolucao" if refunded else "pix",
+            object_id=object_text(single.get("txid")) or object_text(single.get("endToEndId")),
+            occurred_at=moment(single.get("horario")),
+        )
 
     def sign(
         self,

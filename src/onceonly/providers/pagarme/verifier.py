@@ -37,7 +37,16 @@ from typing import TYPE_CHECKING
 
 from ..._exceptions import ConfigurationError
 from ...events import Delivery, EventInfo
-from ..base import Provider, any_match, as_event_id, json_object, optional_text
+from ..base import (
+    Provider,
+    any_match,
+    as_event_id,
+    json_object,
+    lookup,
+    moment,
+    object_text,
+    optional_text,
+)
 from ..crypto import b64url_decode, rsa_public_key_from_jwk, rsa_sha256_verifies
 
 if TYPE_CHECKING:
@@ -149,7 +158,13 @@ class Pagarme(Provider):
 
     def identify(self, delivery: Delivery) -> EventInfo:
         data = json_object(delivery)
-        return EventInfo(as_event_id(data.get("id"), "body id"), optional_text(data.get("type")))
+        return EventInfo(
+            as_event_id(data.get("id"), "body id"),
+            optional_text(data.get("type")),
+            # The order or charge the hook is about, and when Pagar.me made the hook.
+            object_id=object_text(lookup(data, "data.id")),
+            occurred_at=moment(data.get("created_at")),
+        )
 
     def sign(
         self,
