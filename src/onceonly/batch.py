@@ -124,7 +124,11 @@ class BatchProcessor:
         the two.
         """
         prefetched = prefetch(
-            self.app.handlers, self.app.api_clients, [c.event for c in batch], self._loop
+            self.app.handlers,
+            self.app.api_clients,
+            [c.event for c in batch],
+            self._loop,
+            tenants=self.app.tenants,
         )
         remaining = batch
         while remaining:
@@ -179,9 +183,11 @@ class BatchProcessor:
         self.failed += len(failures)
         # Counted once the transaction committed, so they match the table.
         self.metrics.batch_committed(
-            processed=[i.event.provider for i, _ in processed],
-            failed=[i.event.provider for i, _, _ in failures if not self.is_last(i)],
-            dead=[i.event.provider for i, _, _ in failures if self.is_last(i)],
+            processed=[(i.event.provider, i.event.tenant) for i, _ in processed],
+            failed=[
+                (i.event.provider, i.event.tenant) for i, _, _ in failures if not self.is_last(i)
+            ],
+            dead=[(i.event.provider, i.event.tenant) for i, _, _ in failures if self.is_last(i)],
         )
         staged = [c.event.id for c in contexts if c.staged]
         if staged:
@@ -228,6 +234,7 @@ class BatchProcessor:
                 outbox=self.outbox.records,
                 actions=frozenset(self.app.handlers.actions),
                 api_clients=self.app.api_clients,
+                tenants=self.app.tenants,
                 event_loop=self._loop,
                 fetched=prefetched,
             ),
@@ -288,3 +295,8 @@ class BatchProcessor:
     def is_last(self, item: Claimed) -> bool:
         """Whether a failure of this attempt makes the event dead."""
         return item.event.attempts >= self.max_attempts
+
+
+def _route(item: Claimed) -> tuple[str, str]:
+    """What the metrics count an event under: its provider and tenant."""
+    return item.event.provider, item.event.tenant

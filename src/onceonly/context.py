@@ -35,24 +35,28 @@ import hashlib
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from ._exceptions import ConfigurationError, EffectError
-from .clients import ApiClient, Target
+from .clients import CLIENT_CLASSES, ApiClient, Target
 from .events import Event
 from .ledger import EffectLedger
 from .providers.base import env_name
 from .store.outbox import OutboxRecords
 from .store.savepoints import HandlerSavepoints  # re-exported: the batch opens them
 
+if TYPE_CHECKING:
+    from .tenants import Tenants
+
 __all__ = [
     "AttemptServices",
     "Context",
     "EffectError",
     "HandlerSavepoints",
+    "api_client_for",
     "effect_key",
     "serialised_outcome",
 ]
@@ -60,11 +64,37 @@ __all__ = [
 T = TypeVar("T")
 
 
-def effect_key(provider: str, event_id: str, name: str) -> str:
+def effect_key(provider: str, event_id: str, name: str, tenant: str = "") -> str:
     """The idempotency key of effect `name` of an event: stable across attempts,
-    workers and machines, at most 64 characters, safe in an HTTP header."""
-    digest = hashlib.sha256(f"{provider}\x00{event_id}\x00{name}".encode()).hexdigest()
+    workers and machines, at most 64 characters, safe in an HTTP header.
+
+    Two merchants' events may share an id (each account numbers its own), so a
+    tenant's keys include the tenant; an event without one keeps the key it
+    always had."""
+    text = f"{provider}\x00{event_id}\x00{name}"
+    if tenant:
+        text += f"\x00{tenant}"
+    digest = hashlib.sha256(text.encode()).hexdigest()
     return f"oo-{digest[:40]}"
+
+
+async def api_client_for(
+    event: Event, api_clients: Mapping[str, ApiClient], tenants: Tenants | None
+) -> ApiClient | None:
+    """The client that reads what `event` points to: its route's client, or
+    for a tenant's event that client with the tenant's credential (``None``:
+    no client configured)."""
+    client = api_clients.get(event.provider)
+    if not event.tenant:
+        return client
+    if tenants is None:
+        raise ConfigurationError(
+            f"event {event.id} belongs to tenant {event.tenant!r}, and this deployment "
+            "has no tenant resolver (Onceonly(tenants=...))"
+        )
+    return await tenants.client(
+        event.provider, event.tenant, client, CLIENT_CLASSES.get(event.provider)
+    )
 
 
 def serialised_outcome(name: str, outcome: Any, *, then: str) -> str:
@@ -92,6 +122,8 @@ class AttemptServices:
     fetched: Mapping[Target, dict[str, Any] | Exception] = field(default_factory=dict)
     #: The outbox's statements; by default those of the attempt's database.
     outbox: OutboxRecords | None = None
+    #: Tenants' API credentials, for a tenant's event's fetch().
+    tenants: Tenants | None = None
 
 
 @dataclass
@@ -116,6 +148,8 @@ class Context:
     _event_loop: Callable[[], asyncio.AbstractEventLoop] | None = None
     #: Answers (or errors) read in this attempt, some before it began (prefetch).
     _fetched: dict[Target, dict[str, Any] | Exception] = field(default_factory=dict)
+    _tenants: Tenants | None = None
+    _client: ApiClient | None = None
 
     @classmethod
     def for_attempt(
@@ -133,6 +167,7 @@ class Context:
             _api_clients=services.api_clients,
             _event_loop=services.event_loop,
             _fetched=dict(services.fetched),
+            _tenants=services.tenants,
         )
 
     @property
@@ -150,7 +185,7 @@ class Context:
         return self._session
 
     def effect_key(self, name: str) -> str:
-        return effect_key(self.event.provider, self.event.event_id, name)
+        return effect_key(self.event.provider, self.event.event_id, name, self.event.tenant)
 
     def _recorded(self, name: str) -> tuple[bool, Any]:
         found = self._ledger.find(self.connection, self.event.id, name)
@@ -197,9 +232,13 @@ class Context:
         attempt fails and the worker retries later), :class:`~onceonly.ApiError`
         for a refusal (404, 401), :class:`~onceonly.NotFetchable` when the event
         names no such object, :class:`~onceonly.ConfigurationError` when the
-        provider has no API client configured.
+        provider has no API client configured. A tenant's event is read with
+        that tenant's credential (see :mod:`onceonly.tenants`).
         """
-        client = self._api_clients.get(self.event.provider)
+        client = self._client
+        if client is None:
+            client = await api_client_for(self.event, self._api_clients, self._tenants)
+            self._client = client
         if client is None:
             raise ConfigurationError(
                 f"no API client for provider {self.event.provider!r}: set "
@@ -234,9 +273,8 @@ class Context:
         try:
             return await self.afetch(kind)
         finally:
-            client = self._api_clients.get(self.event.provider)
-            if client is not None:
-                await client.aclose()
+            if self._client is not None:
+                await self._client.aclose()
 
     def stage(self, action: str, payload: Any) -> None:
         """Stage `action` to run with `payload` after this transaction commits."""

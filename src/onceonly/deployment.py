@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .ledger import EffectLedger
     from .metrics import Metrics
     from .settings import Settings
+    from .tenants import Tenants
 
 __all__ = ["Deployment"]
 
@@ -42,6 +43,10 @@ class Deployment(Protocol):
     @property
     def api_clients(self) -> Mapping[str, ApiClient]:
         """The provider API clients ``ctx.fetch()`` reads with."""
+
+    @property
+    def tenants(self) -> Tenants | None:
+        """Per-merchant secrets and API credentials (``None``: one account)."""
 
     @property
     def engine(self) -> sa.Engine:

@@ -4,13 +4,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from ._exceptions import PayloadError, StoreRejected, UnknownProvider
+from ._exceptions import PayloadError, StoreRejected, UnknownProvider, UnknownTenant
 from .batching import GroupCommit
 from .events import Delivery, NewEvent, Receipt
 from .headers import ReadHeaders
 from .providers import Provider
 from .store import Store
+
+if TYPE_CHECKING:
+    from .tenants import Tenants
 
 __all__ = ["GroupCommit", "Inbox"]
 
@@ -55,9 +59,13 @@ class Inbox:
     database cannot take the event now.
     """
 
-    def __init__(self, store: Store, providers: Mapping[str, Provider]) -> None:
+    def __init__(
+        self, store: Store, providers: Mapping[str, Provider], tenants: Tenants | None = None
+    ) -> None:
         self.store = store
         self.providers = dict(providers)
+        #: Where ``/{provider}/{tenant}`` deliveries find their secrets (None: no tenants).
+        self.tenants = tenants
         self.commits: GroupCommit[NewEvent, Receipt] = GroupCommit(
             store.insert_events, max_in_flight=store.commit_concurrency
         )
@@ -68,8 +76,27 @@ class Inbox:
         except KeyError:
             raise UnknownProvider(f"no provider is configured under {name!r}") from None
 
+    async def verifier(self, name: str, tenant: str = "") -> Provider:
+        """The provider that verifies deliveries to route `name` for `tenant`:
+        the route's own, or for a tenant a copy holding only that tenant's
+        secrets, so one merchant's secret never verifies another's delivery.
+
+        Raises :class:`~onceonly.UnknownProvider`, :class:`~onceonly.UnknownTenant`
+        (404s) and :class:`~onceonly.TenantUnavailable` (the resolver failed).
+        """
+        provider = self.provider(name)
+        if not tenant:
+            if provider.tenants_only:
+                raise UnknownTenant(
+                    f"provider {name!r} takes deliveries only at /{name}/{{tenant}}"
+                )
+            return provider
+        if self.tenants is None:
+            raise UnknownTenant("this deployment has no tenants")
+        return await self.tenants.verifier(name, tenant, provider)
+
     async def receive(self, delivery: Delivery) -> Receipt:
-        provider = self.provider(delivery.provider)
+        provider = await self.verifier(delivery.provider, delivery.tenant)
         headers = ReadHeaders(delivery.headers)
         delivery = Delivery(
             delivery.provider, delivery.body, headers, delivery.query, delivery.tenant

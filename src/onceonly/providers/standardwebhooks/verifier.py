@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 import time
 from collections.abc import Mapping, Sequence
 
@@ -67,6 +68,14 @@ class StandardWebhooks(TimestampedProvider):
         super().__init__(
             secrets, tolerance=tolerance, rejection_status=rejection_status, clock=clock
         )
+        self._keys = tuple(_decode_secret(s) for s in self.secrets)
+
+    @classmethod
+    def _unguessable_secret(cls) -> str:
+        return "whsec_" + base64.b64encode(os.urandom(32)).decode()
+
+    def _use_secrets(self, secrets: Sequence[str] | str) -> None:
+        super()._use_secrets(secrets)
         self._keys = tuple(_decode_secret(s) for s in self.secrets)
 
     @staticmethod
