@@ -72,7 +72,7 @@ def valid_tenant(name: str) -> bool:
     return _TENANT.fullmatch(name) is not None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class TenantCredentials:
     """What one merchant's account is verified and read with.
 
@@ -81,23 +81,26 @@ class TenantCredentials:
     deliveries (404). `api_token`: the merchant's own API credential for
     ``ctx.fetch()`` (Asaas API key, PagBank token, Mercado Pago access token).
     `api_account`: Stripe Connect's connected account id (``acct_...``),
-    sent as ``Stripe-Account`` with the platform's own key. None of them
-    appears in ``repr()``.
+    sent as ``Stripe-Account`` with the platform's own key. None of the
+    credentials appears in ``repr()``.
     """
 
-    secrets: tuple[str, ...] = field(default=(), repr=False)
-    api_token: str | None = field(default=None, repr=False)
-    api_account: str | None = None
+    secrets: tuple[str, ...] = field(repr=False)
+    api_token: str | None = field(repr=False)
+    api_account: str | None
 
-    def __post_init__(self) -> None:
-        raw: object = self.secrets
-        if isinstance(raw, str):
-            raw = (raw,)
+    def __init__(
+        self,
+        secrets: Sequence[str] | str = (),
+        api_token: str | None = None,
+        api_account: str | None = None,
+    ) -> None:
+        raw = (secrets,) if isinstance(secrets, str) else secrets
         if not isinstance(raw, Iterable) or not all(isinstance(s, str) for s in raw):
             raise ConfigurationError("tenant secrets must be strings")
         object.__setattr__(self, "secrets", tuple(s.strip() for s in raw if s.strip()))
-        object.__setattr__(self, "api_token", (self.api_token or "").strip() or None)
-        object.__setattr__(self, "api_account", (self.api_account or "").strip() or None)
+        object.__setattr__(self, "api_token", (api_token or "").strip() or None)
+        object.__setattr__(self, "api_account", (api_account or "").strip() or None)
 
 
 Resolved: TypeAlias = TenantCredentials | Sequence[str] | str | None
@@ -330,7 +333,7 @@ def _credentials(answer: object) -> TenantCredentials | None:
     if answer is None or isinstance(answer, TenantCredentials):
         return answer
     if isinstance(answer, str | list | tuple):
-        return TenantCredentials(secrets=answer)  # type: ignore[arg-type]
+        return TenantCredentials(secrets=answer)
     raise ConfigurationError(
         f"a {type(answer).__name__}, not TenantCredentials, a list of secrets or None"
     )

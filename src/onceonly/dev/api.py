@@ -15,6 +15,11 @@ slow answers), so tests and local development exercise the client's retries.
 - pagbank ``notification`` (legacy PagSeguro):
   ``GET /v3/transactions/notifications/{code}?email=<email>&token=<token>``
 
+Many merchants (see docs/tenants.md): :meth:`FakeApi.add_merchant` gives a
+merchant's account its own token, :meth:`FakeApi.connect` makes an account a
+Stripe Connect account the platform's token reaches with ``Stripe-Account``;
+objects put under an `account` are served only to that account's credential.
+
 The paths do not overlap, so one server serves every provider at once. The
 legacy PagSeguro lookup answers XML (``<transaction>`` built from the stored
 dict); the others answer JSON. Unknown objects get the provider's kind of 404,
@@ -63,6 +68,9 @@ class ApiRequest:
     kind: str
     object_id: str
     status: int
+    #: Whose credential asked: ``""`` the platform's own, else the merchant's
+    #: account (its token, or Stripe Connect's ``Stripe-Account``).
+    account: str = ""
 
 
 @dataclass(slots=True)
@@ -124,7 +132,10 @@ class FakeApi:
         self.token = token
         self.tokens = dict(tokens or {})
         self.legacy_email = legacy_email
-        self._objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._objects: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+        #: (provider, token) -> account; provider -> connected accounts.
+        self._merchants: dict[tuple[str, str], str] = {}
+        self._connected: dict[str, set[str]] = {}
         self._faults: list[_Fault] = []
         self._requests: list[ApiRequest] = []
         self._lock = threading.Lock()
@@ -156,48 +167,79 @@ class FakeApi:
     # Objects.
 
     @staticmethod
-    def _key(provider: str, kind: str, object_id: str | int) -> tuple[str, str, str]:
+    def _key(
+        provider: str, kind: str, object_id: str | int, account: str = ""
+    ) -> tuple[str, str, str, str]:
         profile = profile_for(provider)
         if profile is None or kind not in profile.kinds:
             known = ", ".join(f"{p}/{k}" for p, pr in profiles().items() for k in pr.kinds)
             raise ValueError(f"the fake API serves no {provider}/{kind} (it serves {known})")
-        return provider, kind, str(object_id)
+        return provider, kind, str(object_id), account
 
-    def put(self, provider: str, kind: str, object_id: str | int, obj: Mapping[str, Any]) -> None:
-        """Store (or replace) the object served at `provider`'s path for `kind`.
+    def put(
+        self,
+        provider: str,
+        kind: str,
+        object_id: str | int,
+        obj: Mapping[str, Any],
+        *,
+        account: str = "",
+    ) -> None:
+        """Store (or replace) the object served at `provider`'s path for `kind`
+        (to `account`'s credential only, when given).
 
         For ``pagbank``/``notification`` `object_id` is the notification code
         and `obj` the transaction it resolves to (``{"code": ..., "status": "3"}``).
         """
-        key = self._key(provider, kind, object_id)
+        key = self._key(provider, kind, object_id, account)
         with self._lock:
             self._objects[key] = copy.deepcopy(dict(obj))
 
-    def get(self, provider: str, kind: str, object_id: str | int) -> dict[str, Any] | None:
+    def get(
+        self, provider: str, kind: str, object_id: str | int, *, account: str = ""
+    ) -> dict[str, Any] | None:
         """A copy of the stored object, or ``None``."""
-        key = self._key(provider, kind, object_id)
+        key = self._key(provider, kind, object_id, account)
         with self._lock:
             found = self._objects.get(key)
             return copy.deepcopy(found) if found is not None else None
 
-    def remove(self, provider: str, kind: str, object_id: str | int) -> None:
+    def remove(self, provider: str, kind: str, object_id: str | int, *, account: str = "") -> None:
         """Forget an object: its path answers 404 from now on."""
-        key = self._key(provider, kind, object_id)
+        key = self._key(provider, kind, object_id, account)
         with self._lock:
             self._objects.pop(key, None)
 
-    def update(self, provider: str, kind: str, object_id: str | int, **fields: Any) -> None:
+    def update(
+        self, provider: str, kind: str, object_id: str | int, *, account: str = "", **fields: Any
+    ) -> None:
         """Change top-level fields of a stored object (``KeyError`` if absent)."""
-        key = self._key(provider, kind, object_id)
+        key = self._key(provider, kind, object_id, account)
         with self._lock:
             self._objects[key].update(copy.deepcopy(fields))
 
-    def set_status(self, provider: str, kind: str, object_id: str | int, status: Any) -> None:
+    def set_status(
+        self, provider: str, kind: str, object_id: str | int, status: Any, *, account: str = ""
+    ) -> None:
         """Change an object's status: its ``status`` field (for a Stripe event,
         that of ``data.object``, the object the event carries)."""
-        key = self._key(provider, kind, object_id)
+        key = self._key(provider, kind, object_id, account)
         with self._lock:
             _profile(provider).set_status(kind, self._objects[key], status)
+
+    # Merchants.
+
+    def add_merchant(self, provider: str, account: str, token: str) -> None:
+        """Accept `token` on `provider`'s paths as `account`'s own credential
+        (each merchant's Asaas key, PagBank token, Mercado Pago access token)."""
+        with self._lock:
+            self._merchants[(provider, token)] = account
+
+    def connect(self, provider: str, account: str) -> None:
+        """Make `account` reachable with the platform's token plus the header
+        ``Stripe-Account: <account>`` (Stripe Connect)."""
+        with self._lock:
+            self._connected.setdefault(provider, set()).add(account)
 
     def clear(self) -> None:
         """Forget every object, fault and recorded request (including the ones
@@ -305,25 +347,46 @@ class FakeApi:
 
     # Serving.
 
-    def _authorized(self, request: Request, provider: str, kind: str) -> bool:
+    def _authorized(self, request: Request, provider: str, kind: str, token: str) -> bool:
         return _profile(provider).authorized(
-            kind, request.headers, request.query_params, self.token_for(provider), self.legacy_email
+            kind, request.headers, request.query_params, token, self.legacy_email
         )
+
+    def _account(self, request: Request, provider: str, kind: str) -> str | None:
+        """Whose credential the request carries (``""``: the platform's), or
+        ``None`` when it is nobody's."""
+        if self._authorized(request, provider, kind, self.token_for(provider)):
+            acting_for = request.headers.get("stripe-account")
+            if acting_for is None:
+                return ""
+            with self._lock:
+                connected = acting_for in self._connected.get(provider, ())
+            return acting_for if connected else None
+        with self._lock:
+            merchants = [(t, a) for (p, t), a in self._merchants.items() if p == provider]
+        for token, account in merchants:
+            if self._authorized(request, provider, kind, token):
+                return account
+        return None
 
     def _endpoint(self, provider: str, kind: str) -> Any:
         async def endpoint(request: Request) -> Response:
             object_id = request.path_params["object_id"]
             generation = self._generation
-            response = await self._answer(request, provider, kind, object_id)
+            response, account = await self._answer(request, provider, kind, object_id)
             with self._lock:
                 if generation == self._generation:
-                    record = ApiRequest(provider, kind, object_id, response.status_code)
+                    record = ApiRequest(
+                        provider, kind, object_id, response.status_code, account or ""
+                    )
                     self._requests.append(record)
             return response
 
         return endpoint
 
-    async def _answer(self, request: Request, provider: str, kind: str, object_id: str) -> Response:
+    async def _answer(
+        self, request: Request, provider: str, kind: str, object_id: str
+    ) -> tuple[Response, str | None]:
         if not self._open.is_set():
             with self._lock:
                 self._held += 1
@@ -339,18 +402,21 @@ class FakeApi:
             await asyncio.sleep(delay)
         if failure is not None:
             headers = {"retry-after": failure.retry_after} if failure.retry_after else None
-            return JSONResponse(
+            fault = JSONResponse(
                 {"error": "fault injected by the fake API", "status": failure.status},
                 failure.status,
                 headers=headers,
             )
+            return fault, None
         profile = _profile(provider)
-        if not self._authorized(request, provider, kind):
-            return _response(profile.unauthorized(kind))
-        obj = self.get(provider, kind, object_id)
+        account = self._account(request, provider, kind)
+        if account is None:
+            return _response(profile.unauthorized(kind)), None
+        # One account's objects are invisible to every other credential.
+        obj = self.get(provider, kind, object_id, account=account)
         if obj is None:
-            return _response(profile.not_found(kind, object_id))
-        return _response(profile.render(kind, obj))
+            return _response(profile.not_found(kind, object_id)), account
+        return _response(profile.render(kind, obj)), account
 
     async def _admin(self, request: Request) -> Response:
         provider, kind, object_id = (
