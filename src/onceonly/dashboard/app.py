@@ -299,6 +299,8 @@ class Dashboard:
         provider = q.get("provider") or None
         status = q.get("status") or None
         event_type = q.get("type") or None
+        tenant = q.get("tenant") or None
+        event_id = q.get("event_id") or None
         before = q.get("before", "")
         before_id = int(before) if before.isdigit() else None
         if status is not None and status not in STATUSES:
@@ -310,10 +312,18 @@ class Dashboard:
                 event_type=event_type,
                 before_id=before_id,
                 limit=PAGE_SIZE,
+                tenant=tenant,
+                event_id=event_id,
             )
         )
         counts = await run_in_threadpool(self.reader.counts)
-        filters = {"provider": provider or "", "status": status or "", "type": event_type or ""}
+        filters = {
+            "provider": provider or "",
+            "tenant": tenant or "",
+            "status": status or "",
+            "type": event_type or "",
+            "event_id": event_id or "",
+        }
         older = None
         if len(rows) == PAGE_SIZE:
             older = urlencode({**{k: v for k, v in filters.items() if v}, "before": rows[-1].id})
@@ -328,6 +338,7 @@ class Dashboard:
                 "statuses": STATUSES,
                 "older": older,
                 "with_duplicates": counts.duplicates is not None,
+                "with_tenants": self.onceonly.tenants is not None or any(r.tenant for r in rows),
                 "replayable": REPLAYABLE,
                 "here": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
             },
@@ -421,6 +432,8 @@ class Dashboard:
                 event_type=q.get("type") or None,
                 before_id=int(before) if before.isdigit() else None,
                 limit=min(int(limit), 1000) if limit.isdigit() else PAGE_SIZE,
+                tenant=q.get("tenant") or None,
+                event_id=q.get("event_id") or None,
             )
         )
         return JSONResponse([r.to_dict() for r in rows])

@@ -76,11 +76,13 @@ class EventRow:
     received_at: str
     last_error: str | None
     duplicates: int | None
+    tenant: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "provider": self.provider,
+            "tenant": self.tenant,
             "event_id": self.event_id,
             "event_type": self.event_type,
             "status": self.status,
@@ -161,8 +163,12 @@ class EventReader:
         event_type: str | None = None,
         before_id: int | None = None,
         limit: int = 50,
+        tenant: str | None = None,
+        event_id: str | None = None,
     ) -> list[EventRow]:
-        """Newest first; each filter is an exact match."""
+        """Newest first; each filter is an exact match (an event id is
+        searched within `tenant` when one is given, never across merchants
+        when the operator looks at one)."""
         found = self.history.events(
             self.engine,
             provider=provider,
@@ -170,6 +176,8 @@ class EventReader:
             event_type=event_type,
             before_id=before_id,
             limit=limit,
+            tenant=tenant,
+            event_id=event_id,
         )
         return [_row(summary) for summary in found]
 
@@ -200,4 +208,5 @@ def _row(summary: EventSummary) -> EventRow:
         received_at=format_time(summary.received_at),
         last_error=summary.last_error,
         duplicates=summary.duplicates,
+        tenant=summary.tenant,
     )

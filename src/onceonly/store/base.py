@@ -125,8 +125,10 @@ class Store(ABC):
         status: EventStatus | None = None,
         limit: int = 50,
         before_id: int | None = None,
+        tenant: str | None = None,
     ) -> list[Event]:
-        """Newest first, optionally filtered; `before_id` pages further back."""
+        """Newest first, optionally filtered (`tenant` ``""``: the events without
+        one); `before_id` pages further back."""
 
     @abstractmethod
     async def get_event(self, id: int) -> Event | None:

@@ -42,7 +42,7 @@ QUEUE_STATUSES = ("pending", "processing", "failed", "dead")
 
 #: Columns added by schema version 4 (duplicate counting, payload retention):
 #: read when present, so the dashboard also works on an older schema.
-OPTIONAL_COLUMNS = ("duplicates", "last_duplicate_at", "payload_purged_at")
+OPTIONAL_COLUMNS = ("duplicates", "last_duplicate_at", "payload_purged_at", "tenant")
 
 _SUMMARY_COLUMNS = "id, provider, event_id, event_type, status, attempts, received_at, last_error"
 
@@ -91,6 +91,8 @@ class EventSummary:
     last_error: str | None
     #: ``None`` when the schema does not count duplicates.
     duplicates: int | None
+    #: The merchant account (``""``: none, or a schema older than tenants).
+    tenant: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +235,8 @@ class EventHistory:
         event_type: str | None = None,
         before_id: int | None = None,
         limit: int = 50,
+        tenant: str | None = None,
+        event_id: str | None = None,
     ) -> list[EventSummary]:
         """Newest first; each filter (when given and not empty) is an exact match."""
         where = []
@@ -241,6 +245,8 @@ class EventHistory:
             ("provider", provider),
             ("status", status),
             ("event_type", event_type),
+            ("tenant", tenant),
+            ("event_id", event_id),
         ):
             if value:
                 where.append(f"{column} = :{column}")
@@ -250,7 +256,8 @@ class EventHistory:
             params["before_id"] = before_id
         clause = f" WHERE {' AND '.join(where)}" if where else ""
         with translated("listing events"), engine.connect() as conn:
-            extra = ", duplicates" if "duplicates" in self._columns(conn) else ""
+            present = self._columns(conn)
+            extra = "".join(f", {c}" for c in ("duplicates", "tenant") if c in present)
             rows = conn.execute(
                 sa.text(
                     f"SELECT {_SUMMARY_COLUMNS}{extra} FROM onceonly_events{clause}"
@@ -329,6 +336,7 @@ def _summary(row: sa.Row[Any]) -> EventSummary:
         received_at=row.received_at,
         last_error=row.last_error,
         duplicates=int(mapping["duplicates"] or 0) if "duplicates" in mapping else None,
+        tenant=mapping.get("tenant") or "",
     )
 
 

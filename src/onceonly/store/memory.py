@@ -101,6 +101,7 @@ class MemoryStore(Store):
         status: EventStatus | None = None,
         limit: int = 50,
         before_id: int | None = None,
+        tenant: str | None = None,
     ) -> list[Event]:
         self._check()
         found = [
@@ -109,6 +110,7 @@ class MemoryStore(Store):
             if (provider is None or e.provider == provider)
             and (status is None or e.status == status)
             and (before_id is None or e.id < before_id)
+            and (tenant is None or e.tenant == tenant)
         ]
         return found[:limit]
 

@@ -366,6 +366,7 @@ class PostgresStore(Store):
         status: EventStatus | None = None,
         limit: int = 50,
         before_id: int | None = None,
+        tenant: str | None = None,
     ) -> list[Event]:
         async with self._connection() as conn:
             rows = await conn.fetch(
@@ -373,11 +374,13 @@ class PostgresStore(Store):
                 " WHERE ($1::text IS NULL OR provider = $1)"
                 " AND ($2::text IS NULL OR status = $2)"
                 " AND ($3::bigint IS NULL OR id < $3)"
+                " AND ($5::text IS NULL OR tenant = $5)"
                 " ORDER BY id DESC LIMIT $4",
                 provider,
                 status.value if status else None,
                 before_id,
                 limit,
+                tenant,
             )
         return [event_from_row(r) for r in rows]
 

@@ -331,6 +331,7 @@ class SQLiteStore(Store):
         status: EventStatus | None = None,
         limit: int = 50,
         before_id: int | None = None,
+        tenant: str | None = None,
     ) -> list[Event]:
         await self._ensure_open()
         where: list[str] = []
@@ -344,6 +345,9 @@ class SQLiteStore(Store):
         if before_id is not None:
             where.append("id < ?")
             params.append(before_id)
+        if tenant is not None:
+            where.append("tenant = ?")
+            params.append(tenant)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         sql = f"SELECT {_COLUMNS} FROM onceonly_events {clause} ORDER BY id DESC LIMIT ?"
         rows = await self._run(lambda conn: conn.execute(sql, (*params, limit)).fetchall())
