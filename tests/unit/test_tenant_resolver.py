@@ -4,6 +4,7 @@ the inbox and the receiver's answers on the in-memory store double."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from typing import Any
 
@@ -22,7 +23,7 @@ from onceonly.asgi import Message
 from onceonly.clients import AsaasClient, StripeClient
 from onceonly.context import effect_key
 from onceonly.metrics import Metrics
-from onceonly.providers import Asaas, StandardWebhooks, Stripe
+from onceonly.providers import PROVIDER_CLASSES, Asaas, Provider, StandardWebhooks, Stripe
 from onceonly.receiver import Receiver
 from onceonly.settings import ReceiverSettings
 from onceonly.store.memory import MemoryStore
@@ -282,3 +283,25 @@ async def test_a_resolver_that_fails_gets_a_503_with_retry_after() -> None:
     assert status == 503
     assert b"retry later" in body
     assert not store.events
+
+
+def _secret(provider: type[Provider], n: int) -> str:
+    if provider is StandardWebhooks:
+        return "whsec_" + base64.b64encode(f"tenant-key-{n}".encode()).decode()
+    return f"tenant-secret-{n}"
+
+
+@pytest.mark.parametrize("cls", list(PROVIDER_CLASSES.values()), ids=list(PROVIDER_CLASSES))
+def test_every_provider_keeps_one_tenants_secret_from_verifying_anothers(
+    cls: type[Provider],
+) -> None:
+    template = cls.for_tenants()
+    first, second = template.with_secrets(_secret(cls, 1)), template.with_secrets(_secret(cls, 2))
+    body = json.dumps({"id": "evt_1", "type": "payment.updated", "data": {"id": "1"}}).encode()
+    query = {"data.id": "1", "type": "payment"}
+    headers = first.sign(body, delivery_id="delivery-1", query=query)
+    first.verify(Delivery(cls.name, body, headers, query))
+    with pytest.raises(SignatureError):
+        second.verify(Delivery(cls.name, body, headers, query))
+    with pytest.raises(SignatureError):
+        template.verify(Delivery(cls.name, body, headers, query))
