@@ -218,8 +218,13 @@ def check_cli(database_url: str) -> None:
     assert code == 0, output
     listed = sorted((e["provider"], e["tenant"]) for e in json.loads(output))
     assert listed == [("asaas", "b"), ("stripe", "b")]
-    # Without --tenant only the tenant-less evt_1 would do: never another merchant's.
-    assert cli("events", "show", "asaas:evt_1")[0] == 1
+    # Without --tenant only the tenant-less evt_1 would do: never another
+    # merchant's; the error names the tenants that have one.
+    result = CliRunner().invoke(
+        main, ["events", "replay", "asaas:evt_1", "--database-url", database_url]
+    )
+    assert result.exit_code == 1
+    assert "'a', 'b' (add --tenant)" in " ".join(result.output.split())
     code, output = cli("events", "show", "asaas:evt_1", "--tenant", "b")
     assert code == 0, output
     assert json.loads(output)["tenant"] == "b"

@@ -124,7 +124,7 @@ def show_event(
     app = load(app_spec, database_url)
     found = _find(app, ref, tenant)
     if found is None:
-        _not_found(ref, tenant)
+        _not_found(app, ref, tenant)
     attempts = attempts_of(app.engine, found.id)
     redactor = Redactor(app.dashboard_redact)
     if fmt == "json":
@@ -189,7 +189,7 @@ def replay_and_report(
     if ref is not None:
         found = _find(app, ref, tenant)
         if found is None:
-            _not_found(ref, tenant)
+            _not_found(app, ref, tenant)
         event_pk = found.id
     else:
         asyncio.run(_open_and_close(app))
@@ -223,9 +223,21 @@ def _find(app: Onceonly, ref: str, tenant: str = "") -> Event | None:
     raise click.BadParameter("use a row id or PROVIDER:EVENT_ID", param_hint="REF")
 
 
-def _not_found(ref: str, tenant: str) -> NoReturn:
+def _not_found(app: Onceonly, ref: str, tenant: str) -> NoReturn:
     where = f" for tenant {escape(tenant)}" if tenant else ""
-    hint = " (a tenant's event? add --tenant)" if ":" in ref and not tenant else ""
+    hint = ""
+    provider, sep, event_id = ref.partition(":")
+    if sep:
+        # Ambiguous, not absent: say which tenants have it, pick none.
+        from ..store.history import EventHistory
+
+        others = EventHistory(app.engine_kind).events(
+            app.engine, provider=provider, event_id=event_id, limit=10
+        )
+        tenants = sorted({e.tenant for e in others if e.tenant != tenant})
+        if tenants:
+            names = ", ".join(repr(t) for t in tenants)
+            hint = f"; tenants with that event: {escape(names)} (add --tenant)"
     errors.print(f"[red]no event {escape(ref)}{where}[/red]{hint}")
     sys.exit(1)
 
