@@ -305,3 +305,17 @@ def test_every_provider_keeps_one_tenants_secret_from_verifying_anothers(
         second.verify(Delivery(cls.name, body, headers, query))
     with pytest.raises(SignatureError):
         template.verify(Delivery(cls.name, body, headers, query))
+
+
+async def test_the_platforms_own_secret_does_not_verify_at_a_tenants_route() -> None:
+    tenants = Tenants(lambda provider, tenant: ["whsec_tenant"] if tenant == "t" else None)
+    platform = Stripe("whsec_platform")
+    inbox = Inbox(MemoryStore(), {"stripe": platform}, tenants)
+    body = json.dumps({"id": "evt_1", "type": "charge.succeeded"}).encode()
+    signed_by_platform = platform.sign(body)
+    with pytest.raises(SignatureError):
+        await inbox.receive(Delivery("stripe", body, signed_by_platform, tenant="t"))
+    # ... while the tenant-less route still takes it, and the tenant's secret works at /t.
+    assert not (await inbox.receive(Delivery("stripe", body, signed_by_platform))).duplicate
+    tenant_signed = Stripe("whsec_tenant").sign(body)
+    assert not (await inbox.receive(Delivery("stripe", body, tenant_signed, tenant="t"))).duplicate

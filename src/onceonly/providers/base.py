@@ -83,6 +83,11 @@ class Provider(ABC):
     #: called as ``parser(raw, variable_name)``.
     environ_options: ClassVar[tuple[tuple[str, Callable[[str, str], Any]], ...]] = ()
 
+    #: True for a provider made by :meth:`for_tenants`: it has no secret of
+    #: its own and takes deliveries only at ``/{route}/{tenant}``. (A class
+    #: default too, for subclasses whose ``__init__`` does not call ours.)
+    tenants_only: bool = False
+
     def __init__(self, secrets: Sequence[str] | str, *, rejection_status: int = 401) -> None:
         if isinstance(secrets, str):
             secrets = [secrets]
@@ -96,9 +101,6 @@ class Provider(ABC):
             )
         self.secrets: tuple[str, ...] = tuple(cleaned)
         self.rejection_status = rejection_status
-        #: True for a provider made by :meth:`for_tenants`: it has no secret
-        #: of its own and takes deliveries only at ``/{route}/{tenant}``.
-        self.tenants_only = False
 
     @classmethod
     def for_tenants(cls, **options: Any) -> Self:
