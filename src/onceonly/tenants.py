@@ -18,10 +18,11 @@ The secrets come from a *resolver*, a function of the application's::
     app = Onceonly(providers={"asaas": Asaas.for_tenants()}, tenants=credentials)
 
 It may be ``async``; a plain function runs in a thread, so a database lookup
-does not stop the receiver's event loop. Its answers are cached (see
-:class:`Tenants`): known tenants for ``ttl`` seconds, unknown ones for
-``unknown_ttl`` in a smaller cache of their own, so a flood of made-up tenant
-names can neither grow memory without bound nor push the real merchants out.
+does not stop the receiver's event loop. Concurrent deliveries for one
+tenant share one call, and its answers are cached (see :class:`Tenants`):
+known tenants for ``ttl`` seconds, unknown ones for ``unknown_ttl`` in a
+smaller cache of their own, so a flood of made-up tenant names can neither
+grow memory without bound nor push the real merchants out.
 A resolver that raises makes the receiver answer 503 with ``Retry-After``:
 the provider keeps the delivery and sends it again.
 
@@ -205,6 +206,7 @@ class Tenants:
         self.metrics_tenants = frozenset(metrics_tenants)
         #: How many times the resolver was called (for tests and debugging).
         self.lookups = 0
+        self._inflight: dict[tuple[int, tuple[str, str]], asyncio.Task[_Known | None]] = {}
 
     def __repr__(self) -> str:
         return f"Tenants(resolve={getattr(self.resolve, '__qualname__', self.resolve)!r})"
@@ -300,7 +302,28 @@ class Tenants:
             return known
         if self._unknown.get(key):
             return None
-        credentials = await self._ask(provider, tenant)
+        # Deliveries for one tenant arriving together (a provider's retries
+        # after an outage) share one lookup: one task asks, every delivery
+        # waits for its answer; a delivery whose sender hangs up does not
+        # cancel it for the others. Per event loop: a task belongs to one.
+        loop = asyncio.get_running_loop()
+        flight = (id(loop), key)
+        task = self._inflight.get(flight)
+        if task is None:
+            task = loop.create_task(self._lookup(key))
+            self._inflight[flight] = task
+            task.add_done_callback(lambda done: self._landed(flight, done))
+        return await asyncio.shield(task)
+
+    def _landed(
+        self, flight: tuple[int, tuple[str, str]], task: asyncio.Task[_Known | None]
+    ) -> None:
+        self._inflight.pop(flight, None)
+        if not task.cancelled():
+            task.exception()  # retrieved here, should every waiter have gone
+
+    async def _lookup(self, key: tuple[str, str]) -> _Known | None:
+        credentials = await self._ask(*key)
         if credentials is None:
             self._unknown.put(key, True)
             return None

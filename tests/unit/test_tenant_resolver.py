@@ -319,3 +319,46 @@ async def test_the_platforms_own_secret_does_not_verify_at_a_tenants_route() -> 
     assert not (await inbox.receive(Delivery("stripe", body, signed_by_platform))).duplicate
     tenant_signed = Stripe("whsec_tenant").sign(body)
     assert not (await inbox.receive(Delivery("stripe", body, tenant_signed, tenant="t"))).duplicate
+
+
+async def test_deliveries_arriving_together_share_one_lookup() -> None:
+    release = asyncio.Event()
+    calls: list[str] = []
+
+    async def slow(provider: str, tenant: str) -> list[str] | None:
+        calls.append(tenant)
+        await release.wait()
+        if tenant == "broken":
+            raise ConnectionError("down")
+        return ["token-a"] if tenant == "a" else None
+
+    tenants = Tenants(slow)
+    waiting = [
+        asyncio.create_task(tenants.credentials("asaas", name))
+        for name in ["a"] * 20 + ["nobody"] * 20 + ["broken"] * 5
+    ]
+    await asyncio.sleep(0.01)
+    release.set()
+    answers = await asyncio.gather(*waiting, return_exceptions=True)
+    assert sorted(calls) == ["a", "broken", "nobody"]
+    assert all(isinstance(a, TenantCredentials) for a in answers[:20])
+    assert all(a is None for a in answers[20:40])
+    assert all(isinstance(a, TenantUnavailable) for a in answers[40:])
+
+
+async def test_a_sender_hanging_up_does_not_cancel_the_lookup_for_the_others() -> None:
+    release = asyncio.Event()
+
+    async def slow(provider: str, tenant: str) -> list[str]:
+        await release.wait()
+        return ["token-a"]
+
+    tenants = Tenants(slow)
+    first = asyncio.create_task(tenants.credentials("asaas", "a"))
+    second = asyncio.create_task(tenants.credentials("asaas", "a"))
+    await asyncio.sleep(0.01)
+    first.cancel()
+    release.set()
+    assert await second == TenantCredentials(["token-a"])
+    assert first.cancelled()
+    assert tenants.lookups == 1
