@@ -183,6 +183,8 @@ async def test_the_inbox_keeps_tenants_apart_in_dedup() -> None:
     again = await inbox.receive(asaas_delivery("a", "token-a"))
     assert (first.duplicate, other.duplicate, again.duplicate) == (False, False, True)
     assert sorted(e.tenant for e in store.events.values()) == ["a", "b"]
+    assert [e.tenant for e in await store.list_events(tenant="a")] == ["a"]
+    assert await store.list_events(tenant="") == []
     with pytest.raises(SignatureError):
         await inbox.receive(asaas_delivery("b", "token-a"))
     with pytest.raises(UnknownTenant):  # the tenant-less route of a tenants-only provider

@@ -44,6 +44,8 @@ QUEUE_STATUSES = ("pending", "processing", "failed", "dead")
 #: read when present, so the dashboard also works on an older schema.
 OPTIONAL_COLUMNS = ("duplicates", "last_duplicate_at", "payload_purged_at", "tenant")
 
+_HAS_TENANT = "tenant <> ''"
+
 _SUMMARY_COLUMNS = "id, provider, event_id, event_type, status, attempts, received_at, last_error"
 
 
@@ -251,6 +253,10 @@ class EventHistory:
             if value:
                 where.append(f"{column} = :{column}")
                 params[column] = value
+        if tenant:
+            # Spelled out so that the planner may use the partial tenant
+            # index whatever the bound value (SQLite cannot infer it).
+            where.append(_HAS_TENANT)
         if before_id is not None:
             where.append("id < :before_id")
             params["before_id"] = before_id

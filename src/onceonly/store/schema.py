@@ -233,6 +233,7 @@ class _Builder:
                 "id",
                 where="ordering_key IS NOT NULL AND status IN ('pending', 'processing', 'failed')",
             ),
+            self._partial("onceonly_events_tenant_idx", "tenant", "id", where="tenant <> ''"),
             sqlite_autoincrement=True,
         )
 

@@ -348,6 +348,8 @@ class SQLiteStore(Store):
         if tenant is not None:
             where.append("tenant = ?")
             params.append(tenant)
+            if tenant:
+                where.append("tenant <> ''")  # lets SQLite use the partial tenant index
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         sql = f"SELECT {_COLUMNS} FROM onceonly_events {clause} ORDER BY id DESC LIMIT ?"
         rows = await self._run(lambda conn: conn.execute(sql, (*params, limit)).fetchall())
