@@ -1,7 +1,8 @@
 """Many merchants, one deployment, on SQLite and PostgreSQL: two tenants with
 different secrets on one real server (receiver and dashboard on loopback),
 the real worker reading each tenant's objects from the fake provider API with
-that tenant's own credential, and the CLI listing by tenant."""
+that tenant's own credential, and the CLI listing by tenant; the Flask view's
+tenant route on a real WSGI server."""
 
 from __future__ import annotations
 
@@ -10,19 +11,23 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
+import flask
 import httpx
 import pytest
 from click.testing import CliRunner
 
 from onceonly import Context, Event, Onceonly, TenantCredentials, Tenants, create_store
+from onceonly._threads import background_loop
 from onceonly.cli import main
 from onceonly.clients import ApiRetryPolicy, AsaasClient, StripeClient
+from onceonly.contrib.flask import webhook_view
 from onceonly.dashboard import DashboardMount
 from onceonly.dev.api import FakeApi
 from onceonly.providers import Asaas, Stripe
 from onceonly.worker import running
-from support import live_server, stripe_delivery
+from support import live_server, live_wsgi_server, stripe_delivery
 
 TOKEN = "dashboard-token-0123456789"
 BEARER = {"authorization": f"Bearer {TOKEN}"}
@@ -236,3 +241,37 @@ def find_event(database_url: str, provider: str, event_id: str, tenant: str) -> 
             return await store.find_event(provider, event_id, tenant)
 
     return asyncio.run(find())
+
+
+def test_a_flask_view_routes_tenants_too(tmp_path: Path) -> None:
+    database_url = f"sqlite:///{tmp_path / 'onceonly.db'}"
+    app = Onceonly(
+        database_url,
+        {"asaas": Asaas.for_tenants()},
+        tenants=lambda provider, tenant: MERCHANTS.get((provider, tenant)),
+        environ={},
+    )
+    web = flask.Flask("shop")
+    view = webhook_view(app)
+    web.add_url_rule("/webhooks/<provider>", view_func=view, methods=["POST"])
+    web.add_url_rule("/webhooks/<provider>/<tenant>", view_func=view, methods=["POST"])
+    try:
+        with live_wsgi_server(web) as url:
+
+            def post(tenant: str, token: str) -> int:
+                return httpx.post(
+                    f"{url}/webhooks/asaas/{tenant}",
+                    content=asaas_body("evt_f"),
+                    headers={"asaas-access-token": token},
+                    timeout=10,
+                ).status_code
+
+            assert post("a", "asaas-webhook-b") == 401
+            assert post("a", "asaas-webhook-a") == 200
+            assert post("b", "asaas-webhook-b") == 200
+            assert post("nobody", "asaas-webhook-a") == 404
+    finally:
+        background_loop().run(app.store.close())
+    found = find_event(database_url, "asaas", "evt_f", "a")
+    assert found is not None
+    assert found.tenant == "a"
