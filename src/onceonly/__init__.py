@@ -26,7 +26,9 @@ from ._exceptions import (
     StoreError,
     StoreRejected,
     StoreUnavailable,
+    TenantUnavailable,
     UnknownProvider,
+    UnknownTenant,
 )
 from ._version import __version__
 
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
         WorkerSettings,
     )
     from .store import Store, create_store
+    from .tenants import TenantCredentials, Tenants
     from .worker import Worker
 
 # Each name is imported on first use (PEP 562), so that an application that
@@ -77,6 +80,8 @@ _LAZY = {
     "DashboardSettings": "settings",
     "Store": "store",
     "create_store": "store",
+    "TenantCredentials": "tenants",
+    "Tenants": "tenants",
     "Worker": "worker",
 }
 
@@ -135,7 +140,11 @@ __all__ = [
     "StoreError",
     "StoreRejected",
     "StoreUnavailable",
+    "TenantCredentials",
+    "TenantUnavailable",
+    "Tenants",
     "UnknownProvider",
+    "UnknownTenant",
     "Worker",
     "WorkerSettings",
     "__version__",

@@ -10,12 +10,14 @@ The hierarchy::
     │   ├── SignatureError       missing, malformed or wrong signature; stale timestamp
     │   ├── PayloadError         body not parseable, no event id
     │   ├── UnknownProvider      no provider configured under that name
+    │   ├── UnknownTenant        no such tenant (merchant account) for that provider
     │   ├── BodyTooLarge         body over the configured limit
     │   ├── HeadersTooLarge      request headers over the configured limit
     │   └── BodyTimeout          the body did not arrive in time
     ├── StoreError               the database did something unexpected
     │   ├── StoreUnavailable     the database cannot be reached right now (retry later)
     │   └── StoreRejected        the database refused a value of this item (retrying won't help)
+    ├── TenantUnavailable        the tenant resolver failed (retry later)
     ├── PayloadPurged            replay of an event whose payload `purge` dropped
     ├── ApiError                 a provider's API answered with an error (4xx, bad body)
     │   └── ApiUnavailable       its API cannot be reached or kept failing (retry later)
@@ -68,7 +70,9 @@ __all__ = [
     "StoreError",
     "StoreRejected",
     "StoreUnavailable",
+    "TenantUnavailable",
     "UnknownProvider",
+    "UnknownTenant",
 ]
 
 
@@ -118,6 +122,14 @@ class UnknownProvider(DeliveryRejected):
     reason = "unknown-provider"
 
 
+class UnknownTenant(DeliveryRejected):
+    """The tenant in ``/webhooks/{provider}/{tenant}`` is not a valid name, or
+    the tenant resolver knows no such merchant account for that provider."""
+
+    status = 404
+    reason = "unknown-tenant"
+
+
 class BodyTooLarge(DeliveryRejected):
     """The body is larger than the configured limit."""
 
@@ -151,6 +163,12 @@ class StoreRejected(StoreError):
     """The database refused a value of this item (an encoding it cannot hold,
     a size over one of its limits): the same item will be refused again, and
     other items are not concerned."""
+
+
+class TenantUnavailable(OnceonlyError):
+    """The tenant resolver raised (its database is down, its API timed out):
+    the receiver answers 503 with ``Retry-After``, so the sender keeps the
+    delivery and sends it again."""
 
 
 class PayloadPurged(OnceonlyError):

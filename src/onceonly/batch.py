@@ -136,7 +136,11 @@ class BatchProcessor:
         the two.
         """
         prefetched = prefetch(
-            self.app.handlers, self.app.api_clients, [c.event for c in batch], self._loop
+            self.app.handlers,
+            self.app.api_clients,
+            [c.event for c in batch],
+            self._loop,
+            tenants=self.app.tenants,
         )
         remaining = batch
         while remaining:
@@ -200,9 +204,9 @@ class BatchProcessor:
         self.deferred += len(deferred)
         # Counted once the transaction committed, so they match the table.
         self.metrics.batch_committed(
-            processed=[i.event.provider for i, _ in processed],
-            failed=[i.event.provider for i, e, _ in failures if not self.is_dead(i, e)],
-            dead=[i.event.provider for i, e, _ in failures if self.is_dead(i, e)],
+            processed=[_route(i) for i, _ in processed],
+            failed=[_route(i) for i, e, _ in failures if not self.is_dead(i, e)],
+            dead=[_route(i) for i, e, _ in failures if self.is_dead(i, e)],
         )
         if log.isEnabledFor(logging.DEBUG):
             for item, handler in processed:
@@ -269,6 +273,7 @@ class BatchProcessor:
             outbox=self.outbox.records,
             actions=frozenset(self.app.handlers.actions),
             api_clients=self.app.api_clients,
+            tenants=self.app.tenants,
             event_loop=self._loop,
             fetched=prefetched,
             tracing=self.tracing,
@@ -444,3 +449,8 @@ class BatchProcessor:
     def is_last(self, item: Claimed) -> bool:
         """Whether a failure of this attempt makes the event dead."""
         return item.event.attempts >= self.retry_policy(item.event).max_attempts
+
+
+def _route(item: Claimed) -> tuple[str, str]:
+    """What the metrics count an event under: its provider and tenant."""
+    return item.event.provider, item.event.tenant

@@ -72,6 +72,7 @@ from .settings import (
 )
 from .store import Store, create_store
 from .store.engine import create_engine, engine_kind
+from .tenants import TenantResolver, Tenants, as_tenants
 from .tracing import Tracing
 
 if TYPE_CHECKING:
@@ -152,7 +153,10 @@ class Onceonly:
     Providers are keyed by route name: ``/webhooks/stripe``. Two Stripe
     accounts can live side by side as ``{"stripe": ..., "stripe-connect": Stripe(...)}``.
     Providers configured in the environment are added unless `providers` names
-    the same route. `api_clients` (also keyed by route, e.g.
+    the same route. `tenants` (a resolver ``resolve(route, tenant)``, or a
+    :class:`~onceonly.Tenants` with its cache settings) opens
+    ``/webhooks/{provider}/{tenant}`` for platforms where each merchant has
+    their own secrets (see docs/tenants.md). `api_clients` (also keyed by route, e.g.
     ``{"stripe": StripeClient("sk_test_...")}``) serve ``ctx.fetch()``; those
     from ``ONCEONLY_<ROUTE>_API_TOKEN`` are added the same way.
 
@@ -206,6 +210,7 @@ class Onceonly:
         retention_payloads: str | timedelta | None = None,
         retention_ids: str | timedelta | None = None,
         api_clients: Mapping[str, ApiClient] | None = None,
+        tenants: Tenants | TenantResolver | None = None,
         dashboard_path: str | None = None,
         dashboard_token: str | None = None,
         dashboard_redact: str | Sequence[str] | None = None,
@@ -243,6 +248,8 @@ class Onceonly:
         self.providers.update(providers or {})
         self.api_clients: dict[str, ApiClient] = clients_from_environ(env, self.providers)
         self.api_clients.update(api_clients or {})
+        #: Per-merchant secrets and API credentials; None: one account.
+        self.tenants: Tenants | None = as_tenants(tenants)
         for name in self.providers:
             if not name or "/" in name:
                 raise ConfigurationError(f"provider route name {name!r} is not a path segment")
@@ -280,6 +287,7 @@ class Onceonly:
             settings=self._settings.replace(**_flat(changes)),
         )
         twin.api_clients = dict(self.api_clients)
+        twin.tenants = self.tenants
         twin.handlers = self.handlers
         twin.hooks = self.hooks
         twin._tracer_provider = self._tracer_provider
@@ -320,7 +328,13 @@ class Onceonly:
     def inbox(self) -> Inbox:
         if self._inbox is None:
             # The handlers name each event's ordering key as it is stored.
-            self._inbox = Inbox(self.store, self.providers, self.handlers, tracing=self.tracing)
+            self._inbox = Inbox(
+                self.store,
+                self.providers,
+                self.handlers,
+                tenants=self.tenants,
+                tracing=self.tracing,
+            )
         return self._inbox
 
     @property
@@ -330,7 +344,10 @@ class Onceonly:
             from .metrics import Metrics
 
             self._metrics = Metrics(
-                self.providers, engine=lambda: self.engine, engine_kind=self.engine_kind
+                self.providers,
+                engine=lambda: self.engine,
+                engine_kind=self.engine_kind,
+                tenant_label=self.tenants.metrics_label if self.tenants else None,
             )
         return self._metrics
 

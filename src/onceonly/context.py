@@ -37,13 +37,13 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from ._exceptions import ConfigurationError, EffectError
-from .clients import ApiClient, Target
+from .clients import CLIENT_CLASSES, ApiClient, Target
 from .events import Event
 from .ledger import EffectLedger
 from .logs import event_fields
@@ -53,11 +53,15 @@ from .store.outbox import OutboxRecords
 from .store.savepoints import HandlerSavepoints  # re-exported: the batch opens them
 from .tracing import Attributes, Tracing
 
+if TYPE_CHECKING:
+    from .tenants import Tenants
+
 __all__ = [
     "AttemptServices",
     "Context",
     "EffectError",
     "HandlerSavepoints",
+    "api_client_for",
     "effect_key",
     "serialised_outcome",
 ]
@@ -68,11 +72,37 @@ log = logging.getLogger("onceonly.effects")
 _NO_TRACING = Tracing()
 
 
-def effect_key(provider: str, event_id: str, name: str) -> str:
+def effect_key(provider: str, event_id: str, name: str, tenant: str = "") -> str:
     """The idempotency key of effect `name` of an event: stable across attempts,
-    workers and machines, at most 64 characters, safe in an HTTP header."""
-    digest = hashlib.sha256(f"{provider}\x00{event_id}\x00{name}".encode()).hexdigest()
+    workers and machines, at most 64 characters, safe in an HTTP header.
+
+    Two merchants' events may share an id (each account numbers its own), so a
+    tenant's keys include the tenant; an event without one keeps the key it
+    always had."""
+    text = f"{provider}\x00{event_id}\x00{name}"
+    if tenant:
+        text += f"\x00{tenant}"
+    digest = hashlib.sha256(text.encode()).hexdigest()
     return f"oo-{digest[:40]}"
+
+
+async def api_client_for(
+    event: Event, api_clients: Mapping[str, ApiClient], tenants: Tenants | None
+) -> ApiClient | None:
+    """The client that reads what `event` points to: its route's client, or
+    for a tenant's event that client with the tenant's credential (``None``:
+    no client configured)."""
+    client = api_clients.get(event.provider)
+    if not event.tenant:
+        return client
+    if tenants is None:
+        raise ConfigurationError(
+            f"event {event.id} belongs to tenant {event.tenant!r}, and this deployment "
+            "has no tenant resolver (Onceonly(tenants=...))"
+        )
+    return await tenants.client(
+        event.provider, event.tenant, client, CLIENT_CLASSES.get(event.provider)
+    )
 
 
 def serialised_outcome(name: str, outcome: Any, *, then: str) -> str:
@@ -104,6 +134,8 @@ class AttemptServices:
     #: name for the log lines.
     tracing: Tracing = _NO_TRACING
     worker: str | None = None
+    #: Tenants' API credentials, for a tenant's event's fetch().
+    tenants: Tenants | None = None
 
 
 @dataclass
@@ -133,6 +165,8 @@ class Context:
     _effect_prefix: str = ""
     _tracing: Tracing = _NO_TRACING
     _worker: str | None = None
+    _tenants: Tenants | None = None
+    _client: ApiClient | None = None
 
     @classmethod
     def for_attempt(
@@ -159,6 +193,7 @@ class Context:
             _fetched=dict(services.fetched),
             _tracing=services.tracing,
             _worker=services.worker,
+            _tenants=services.tenants,
         )
 
     @property
@@ -177,7 +212,9 @@ class Context:
 
     def effect_key(self, name: str) -> str:
         """The idempotency key that ``effect(name, ...)`` passes to its call."""
-        return effect_key(self.event.provider, self.event.event_id, self._effect_prefix + name)
+        return effect_key(
+            self.event.provider, self.event.event_id, self._effect_prefix + name, self.event.tenant
+        )
 
     def _recorded(self, name: str) -> tuple[bool, Any]:
         found = self._ledger.find(self.connection, self.event.id, self._effect_prefix + name)
@@ -259,9 +296,13 @@ class Context:
         attempt fails and the worker retries later), :class:`~onceonly.ApiError`
         for a refusal (404, 401), :class:`~onceonly.NotFetchable` when the event
         names no such object, :class:`~onceonly.ConfigurationError` when the
-        provider has no API client configured.
+        provider has no API client configured. A tenant's event is read with
+        that tenant's credential (see :mod:`onceonly.tenants`).
         """
-        client = self._api_clients.get(self.event.provider)
+        client = self._client
+        if client is None:
+            client = await api_client_for(self.event, self._api_clients, self._tenants)
+            self._client = client
         if client is None:
             raise ConfigurationError(
                 f"no API client for provider {self.event.provider!r}: set "
@@ -296,9 +337,8 @@ class Context:
         try:
             return await self.afetch(kind)
         finally:
-            client = self._api_clients.get(self.event.provider)
-            if client is not None:
-                await client.aclose()
+            if self._client is not None:
+                await self._client.aclose()
 
     def is_stale(self) -> bool:
         """Whether a newer event about the same provider object (same provider,

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .ledger import EffectLedger
     from .metrics import Metrics
     from .settings import Settings
+    from .tenants import Tenants
     from .tracing import Tracing
 
 __all__ = ["Deployment"]
@@ -52,6 +53,10 @@ class Deployment(Protocol):
     @property
     def api_clients(self) -> Mapping[str, ApiClient]:
         """The provider API clients ``ctx.fetch()`` reads with."""
+
+    @property
+    def tenants(self) -> Tenants | None:
+        """Per-merchant secrets and API credentials (``None``: one account)."""
 
     @property
     def engine(self) -> sa.Engine:

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ._exceptions import PayloadError, StoreRejected, UnknownProvider
+from ._exceptions import PayloadError, StoreRejected, UnknownProvider, UnknownTenant
 from .batching import GroupCommit
 from .events import Delivery, NewEvent, Receipt
 from .handlers import HandlerRegistry
@@ -19,6 +19,9 @@ from .tracing import TRACEPARENT_HEADER, Tracing
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
+
+if TYPE_CHECKING:
+    from .tenants import Tenants
 
 __all__ = ["GroupCommit", "Inbox"]
 
@@ -74,11 +77,14 @@ class Inbox:
         providers: Mapping[str, Provider],
         handlers: HandlerRegistry | None = None,
         *,
+        tenants: Tenants | None = None,
         tracing: Tracing | None = None,
     ) -> None:
         self.store = store
         self.providers = dict(providers)
         self.handlers = handlers
+        #: Where ``/{provider}/{tenant}`` deliveries find their secrets (None: no tenants).
+        self.tenants = tenants
         self.tracing = tracing or Tracing()
         # Decided once: without tracing the hot path has not even a wrapper call.
         flush = self._traced_commit if self.tracing.enabled else store.insert_events
@@ -125,6 +131,25 @@ class Inbox:
             occurred_at=event.occurred_at or info.occurred_at,
         )
 
+    async def verifier(self, name: str, tenant: str = "") -> Provider:
+        """The provider that verifies deliveries to route `name` for `tenant`:
+        the route's own, or for a tenant a copy holding only that tenant's
+        secrets, so one merchant's secret never verifies another's delivery.
+
+        Raises :class:`~onceonly.UnknownProvider`, :class:`~onceonly.UnknownTenant`
+        (404s) and :class:`~onceonly.TenantUnavailable` (the resolver failed).
+        """
+        provider = self.provider(name)
+        if not tenant:
+            if provider.tenants_only:
+                raise UnknownTenant(
+                    f"provider {name!r} takes deliveries only at /{name}/{{tenant}}"
+                )
+            return provider
+        if self.tenants is None:
+            raise UnknownTenant("this deployment has no tenants")
+        return await self.tenants.verifier(name, tenant, provider)
+
     async def receive(self, delivery: Delivery) -> Receipt:
         if self.tracing.enabled:
             return await self._traced_receive(delivery)
@@ -159,7 +184,7 @@ class Inbox:
             return await self.store.insert_events(batch)
 
     async def _receive(self, delivery: Delivery, span: Span | None) -> Receipt:
-        provider = self.provider(delivery.provider)
+        provider = await self.verifier(delivery.provider, delivery.tenant)
         headers = ReadHeaders(delivery.headers)
         delivery = Delivery(
             delivery.provider, delivery.body, headers, delivery.query, delivery.tenant

@@ -11,18 +11,19 @@ Counters (all ``_total``):
 ====================================  ==================  ==============================
 name                                  labels              counts
 ====================================  ==================  ==============================
-onceonly_deliveries_received_total    provider            every delivery answered, any
+onceonly_deliveries_received_total    provider, tenant    every delivery answered, any
                                                           outcome (= stored + duplicates
                                                           + rejected)
-onceonly_events_stored_total          provider            new events committed (200)
-onceonly_duplicates_received_total    provider            duplicates answered 200
-onceonly_deliveries_rejected_total    provider, reason    refused: ``signature``,
-                                                          ``payload``,
+onceonly_events_stored_total          provider, tenant    new events committed (200)
+onceonly_duplicates_received_total    provider, tenant    duplicates answered 200
+onceonly_deliveries_rejected_total    provider, tenant,   refused: ``signature``,
+                                      reason              ``payload``,
                                                           ``unknown-provider``,
+                                                          ``unknown-tenant``,
                                                           ``too-large``, ``unavailable``
-onceonly_events_processed_total       provider            handlers that committed
-onceonly_events_failed_total          provider            failed attempts to be retried
-onceonly_events_dead_total            provider            events given up on (dead)
+onceonly_events_processed_total       provider, tenant    handlers that committed
+onceonly_events_failed_total          provider, tenant    failed attempts to be retried
+onceonly_events_dead_total            provider, tenant    events given up on (dead)
 onceonly_worker_database_errors_total operation           worker database calls that
                                                           failed and were retried:
                                                           ``start``, ``claim``,
@@ -50,7 +51,10 @@ scrapers), ``onceonly_queue_depth{status}``,
 
 Deliveries to a route with no configured provider are counted under
 ``provider="(unknown)"``: anyone can POST to any path, and a label per path
-would let them grow the metrics without bound.
+would let them grow the metrics without bound. For the same reason the
+``tenant`` label is ``""`` for the tenant-less route, the tenant's name only
+for the tenants listed in ``Tenants(metrics_tenants=...)``, and ``"(other)"``
+for every other tenant (see :mod:`onceonly.tenants`).
 """
 
 from __future__ import annotations
@@ -86,7 +90,14 @@ log = logging.getLogger("onceonly.metrics")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 UNKNOWN_PROVIDER = "(unknown)"
-REJECTION_REASONS = ("signature", "payload", "unknown-provider", "too-large", "unavailable")
+REJECTION_REASONS = (
+    "signature",
+    "payload",
+    "unknown-provider",
+    "unknown-tenant",
+    "too-large",
+    "unavailable",
+)
 
 # From 1 ms to 1 min: handlers range from one INSERT to a slow provider API.
 _HANDLER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -206,12 +217,16 @@ class Metrics:
         engine_kind: str,
         queue_ttl: float = 1.0,
         queue_count_cap: int = 100_000,
+        tenant_label: Callable[[str], str] | None = None,
     ) -> None:
         # The two things metrics need from a deployment, not the deployment:
         # its provider routes (shown at 0 from the first scrape) and where
         # the queue gauges are read. `engine` is called on the first scrape,
         # so building Metrics opens nothing.
         self._engine = engine
+        # Tenant -> label value, bounded (see the module's docstring): without
+        # tenants configured, every tenant-less event is "" and nothing else.
+        self._tenant_label = tenant_label or _no_tenant_labels
         self._history = EventHistory(engine_kind)
         self.queue_count_cap = queue_count_cap
         self.registry = CollectorRegistry(auto_describe=True)
@@ -219,40 +234,40 @@ class Metrics:
         self._received = Counter(
             "onceonly_deliveries_received",
             "Deliveries answered, whatever the outcome",
-            ["provider"],
+            ["provider", "tenant"],
             registry=r,
         )
         self._stored = Counter(
-            "onceonly_events_stored", "New events committed", ["provider"], registry=r
+            "onceonly_events_stored", "New events committed", ["provider", "tenant"], registry=r
         )
         self._duplicates = Counter(
             "onceonly_duplicates_received",
             "Deliveries of an event already stored (answered 200)",
-            ["provider"],
+            ["provider", "tenant"],
             registry=r,
         )
         self._rejected = Counter(
             "onceonly_deliveries_rejected",
             "Deliveries refused, by reason",
-            ["provider", "reason"],
+            ["provider", "tenant", "reason"],
             registry=r,
         )
         self._processed = Counter(
             "onceonly_events_processed",
             "Events whose handler committed",
-            ["provider"],
+            ["provider", "tenant"],
             registry=r,
         )
         self._failed = Counter(
             "onceonly_events_failed",
             "Failed attempts that will be retried",
-            ["provider"],
+            ["provider", "tenant"],
             registry=r,
         )
         self._dead = Counter(
             "onceonly_events_dead",
             "Events given up on after their last attempt",
-            ["provider"],
+            ["provider", "tenant"],
             registry=r,
         )
         self._database_errors = Counter(
@@ -285,32 +300,33 @@ class Metrics:
         self._started = time.time()
         # Provider -> wall-clock time of its last delivery answered 200.
         self._last_delivery: dict[str, float] = {}
-        self._deliveries: dict[str, _Delivery] = {}
-        self._work: dict[str, _Work] = {}
+        self._deliveries: dict[tuple[str, str], _Delivery] = {}
+        self._work: dict[tuple[str, str], _Work] = {}
         self._bind_lock = threading.Lock()
         # Configured providers appear at 0 from the first scrape, so rate()
         # and absent() behave from the start.
         for name in (*providers, UNKNOWN_PROVIDER):
-            self._delivery(name)
+            self._delivery(name, "")
         r.register(_DeliveryAgeCollector(self))
 
     # Receive path (the event loop).
 
-    def _delivery(self, provider: str) -> _Delivery:
-        bound = self._deliveries.get(provider)
+    def _delivery(self, provider: str, label: str) -> _Delivery:
+        bound = self._deliveries.get((provider, label))
         if bound is None:
             bound = _Delivery(
-                received=self._received.labels(provider),
-                stored=self._stored.labels(provider),
-                duplicates=self._duplicates.labels(provider),
-                rejected={r: self._rejected.labels(provider, r) for r in REJECTION_REASONS},
+                received=self._received.labels(provider, label),
+                stored=self._stored.labels(provider, label),
+                duplicates=self._duplicates.labels(provider, label),
+                rejected={r: self._rejected.labels(provider, label, r) for r in REJECTION_REASONS},
             )
-            self._deliveries[provider] = bound
+            self._deliveries[(provider, label)] = bound
         return bound
 
-    def accepted(self, provider: str, *, duplicate: bool) -> None:
+    def accepted(self, provider: str, *, duplicate: bool, tenant: str = "") -> None:
         """A delivery answered 200: new event or duplicate."""
-        bound = self._deliveries.get(provider) or self._delivery(provider)
+        label = self._tenant_label(tenant) if tenant else ""
+        bound = self._deliveries.get((provider, label)) or self._delivery(provider, label)
         bound.received.inc()
         (bound.duplicates if duplicate else bound.stored).inc()
         self._last_delivery[provider] = time.time()
@@ -322,51 +338,59 @@ class Metrics:
         last = dict(self._last_delivery)  # a copy: the event loop may add one meanwhile
         return {
             provider: max(0.0, moment - last.get(provider, self._started))
-            for provider in list(self._deliveries)
+            for provider in dict.fromkeys(p for p, _ in list(self._deliveries))
             if provider != UNKNOWN_PROVIDER
         }
 
-    def rejected(self, provider: str, reason: str) -> None:
+    def rejected(self, provider: str, reason: str, *, tenant: str = "") -> None:
         """A delivery refused; `reason` is the problem type the sender got."""
         if reason == "unknown-provider":
             provider = UNKNOWN_PROVIDER
-        bound = self._deliveries.get(provider) or self._delivery(provider)
+        label = self._tenant_label(tenant) if tenant else ""
+        bound = self._deliveries.get((provider, label)) or self._delivery(provider, label)
         bound.received.inc()
         counter = bound.rejected.get(reason)
         if counter is None:  # a reason a custom provider made up
-            counter = self._rejected.labels(provider, reason)
+            counter = self._rejected.labels(provider, label, reason)
         counter.inc()
 
     # Worker (its threads).
 
-    def _worker(self, provider: str) -> _Work:
-        bound = self._work.get(provider)
+    def _worker(self, provider: str, tenant: str = "") -> _Work:
+        label = self._tenant_label(tenant) if tenant else ""
+        bound = self._work.get((provider, label))
         if bound is None:
             with self._bind_lock:
-                bound = self._work.get(provider)
+                bound = self._work.get((provider, label))
                 if bound is None:
                     bound = _Work(
-                        processed=self._processed.labels(provider),
-                        failed=self._failed.labels(provider),
-                        dead=self._dead.labels(provider),
+                        processed=self._processed.labels(provider, label),
+                        failed=self._failed.labels(provider, label),
+                        dead=self._dead.labels(provider, label),
+                        # By provider only: a tenant label times every bucket
+                        # would multiply the series for little insight.
                         duration=self._duration.labels(provider),
                     )
-                    self._work[provider] = bound
+                    self._work[(provider, label)] = bound
         return bound
 
     def handler_ran(self, provider: str, seconds: float) -> None:
         self._worker(provider).duration.observe(seconds)
 
     def batch_committed(
-        self, processed: Sequence[str], failed: Sequence[str], dead: Sequence[str]
+        self,
+        processed: Sequence[str | tuple[str, str]],
+        failed: Sequence[str | tuple[str, str]],
+        dead: Sequence[str | tuple[str, str]],
     ) -> None:
-        """Outcomes of one committed processing transaction, by provider."""
-        for provider in processed:
-            self._worker(provider).processed.inc()
-        for provider in failed:
-            self._worker(provider).failed.inc()
-        for provider in dead:
-            self._worker(provider).dead.inc()
+        """Outcomes of one committed processing transaction, by provider, or
+        by (provider, tenant)."""
+        for item in processed:
+            self._worker(*_pair(item)).processed.inc()
+        for item in failed:
+            self._worker(*_pair(item)).failed.inc()
+        for item in dead:
+            self._worker(*_pair(item)).dead.inc()
 
     def transaction_ended(self, seconds: float) -> None:
         """A processing transaction committed or rolled back after `seconds`."""
@@ -400,6 +424,14 @@ class Metrics:
         for family in self.registry.collect():
             for sample in family.samples:
                 yield sample.name, dict(sample.labels), float(sample.value)
+
+
+def _no_tenant_labels(tenant: str) -> str:
+    return "(other)"
+
+
+def _pair(item: str | tuple[str, str]) -> tuple[str, str]:
+    return (item, "") if isinstance(item, str) else item
 
 
 class MetricsEndpoint:

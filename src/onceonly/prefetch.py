@@ -7,10 +7,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .clients import ApiClient, Target
+from .context import api_client_for
 from .events import Event
 
 if TYPE_CHECKING:
     from .handlers import HandlerRegistry
+    from .tenants import Tenants
 
 __all__ = ["prefetch"]
 
@@ -20,30 +22,54 @@ def prefetch(
     api_clients: Mapping[str, ApiClient],
     events: Sequence[Event],
     loop: Callable[[], asyncio.AbstractEventLoop],
+    *,
+    tenants: Tenants | None = None,
 ) -> dict[int, dict[Target, Any]]:
     """Read what handlers registered with ``prefetch`` will ``ctx.fetch()``,
     before their transaction opens and concurrently across the batch.
 
     Inside the transaction a network wait would hold the row locks (on
     SQLite, the database's only write lock, which the receiver needs). A
-    failed read is kept and raised by ``ctx.fetch()`` in the handler.
+    failed read is kept and raised by ``ctx.fetch()`` in the handler. A
+    tenant's event is read with its tenant's client, never sharing a read
+    with another tenant's event about the same id.
     """
-    if not api_clients:
+    if not api_clients and tenants is None:
         return {}  # the common case: nothing to read, nothing to resolve
-    wanted: dict[tuple[int, Target], tuple[ApiClient, list[int]]] = {}
-    for event in events:
-        route = handlers.route(event.provider, event.event_type)
-        client = api_clients.get(event.provider)
-        if route is None or client is None:
+    wanted = [
+        (event, route.prefetch)
+        for event in events
+        if (route := handlers.route(event.provider, event.event_type)) is not None
+        and route.prefetch
+        and (event.tenant or event.provider in api_clients)
+    ]
+    if not wanted:
+        return {}
+    return loop().run_until_complete(_read_all(wanted, api_clients, tenants))
+
+
+async def _read_all(
+    wanted: list[tuple[Event, tuple[str | None, ...]]],
+    api_clients: Mapping[str, ApiClient],
+    tenants: Tenants | None,
+) -> dict[int, dict[Target, Any]]:
+    reads: dict[tuple[int, Target], tuple[ApiClient, list[int]]] = {}
+    for event, kinds in wanted:
+        try:
+            client = await api_client_for(event, api_clients, tenants)
+        except Exception:  # ctx.fetch() meets it again and raises it in the handler
             continue
-        for kind in route.prefetch:
+        if client is None:
+            continue
+        for kind in kinds:
             try:
                 target = client.target(event, kind)
             except Exception:  # deterministic: ctx.fetch() raises it in the handler
                 continue
-            # Two events about one object in a batch share one read.
-            wanted.setdefault((id(client), target), (client, []))[1].append(event.id)
-    if not wanted:
+            # Two events about one object in a batch share one read (one
+            # client is one tenant's credential).
+            reads.setdefault((id(client), target), (client, []))[1].append(event.id)
+    if not reads:
         return {}
     limit = asyncio.Semaphore(8)
 
@@ -54,12 +80,9 @@ def prefetch(
             except Exception as exc:  # kept for the handler, whatever it is
                 return exc
 
-    async def read_all() -> list[dict[str, Any] | Exception]:
-        return await asyncio.gather(*(read(c, t) for (_, t), (c, _) in wanted.items()))
-
-    results = loop().run_until_complete(read_all())
+    results = await asyncio.gather(*(read(c, t) for (_, t), (c, _) in reads.items()))
     found: dict[int, dict[Target, Any]] = {}
-    for ((_, target), (_, event_ids)), result in zip(wanted.items(), results, strict=True):
+    for ((_, target), (_, event_ids)), result in zip(reads.items(), results, strict=True):
         for event_id in event_ids:
             found.setdefault(event_id, {})[target] = result
     return found

@@ -10,9 +10,11 @@ Answers, in the order they are decided:
 ===========================================  ======  =================================
 situation                                    status  stored
 ===========================================  ======  =================================
-path is not ``/{provider}``                  404     no
+path is not ``/{provider}[/{tenant}]``       404     no
 method is not POST                           405     no
 provider not configured                      404     no
+tenant not a valid name, or not known        404     no
+tenant resolver failed                       503     no (``Retry-After``)
 headers over ``max_header_bytes``           431     no
 body over ``max_body_bytes``                 413     no
 body not complete within ``body_timeout``    408     no
@@ -24,6 +26,8 @@ duplicate                                    200     already (``Onceonly-Duplica
 ===========================================  ======  =================================
 
 (*) configurable per provider. Errors are ``application/problem+json``.
+``/{provider}/{tenant}`` verifies with that tenant's secrets only (see
+:mod:`onceonly.tenants`); the tenant is stored with the event.
 A duplicate is not an error: answering anything but 2xx makes the sender retry
 even more.
 """
@@ -35,7 +39,7 @@ import logging
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
-from ._exceptions import BodyTimeout, DeliveryRejected, StoreError
+from ._exceptions import BodyTimeout, DeliveryRejected, StoreError, TenantUnavailable
 from .asgi import Receive, Scope, Send, lower_headers, read_body, send_response
 from .events import Delivery
 from .metrics import MetricsEndpoint
@@ -109,7 +113,7 @@ class Receiver:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    def _route(self, scope: Scope) -> str | None:
+    def _route(self, scope: Scope) -> tuple[str, str] | None:
         path: str = scope["path"]
         root: str = scope.get("root_path", "")
         # Starlette's Mount keeps the full path and sets root_path; other
@@ -118,22 +122,25 @@ class Receiver:
             path = path[len(root) :]
         if self.prefix:
             if path == "/healthz":
-                return ""
+                return "", ""
             if path == _METRICS and self.serve_metrics:
-                return _METRICS
+                return _METRICS, ""
             if not path.startswith(self.prefix + "/"):
                 return None
             path = path[len(self.prefix) :]
-        name = path[1:]
-        if not name or "/" in name:
+        # "/{provider}" or "/{provider}/{tenant}"; the tenant is checked by
+        # the inbox (a name, not a path: "..", "%00" and the like are 404s).
+        name, slash, tenant = path[1:].partition("/")
+        if not name or "/" in tenant or (slash and not tenant):
             return None
-        return name
+        return name, tenant
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        provider = self._route(scope)
-        if provider is None:
+        route = self._route(scope)
+        if route is None:
             await _send(send, NOT_FOUND)
             return
+        provider, tenant = route
         if provider == "":
             await self._health(send)
             return
@@ -145,7 +152,8 @@ class Receiver:
             return
         reception = self.reception
         try:
-            self.inbox.provider(provider)  # 404 before reading the body
+            # 404 before reading the body: unknown provider, unknown tenant.
+            await self.inbox.verifier(provider, tenant)
             headers = lower_headers(scope, reception.max_header_bytes)
             try:
                 # A sender trickling its body must not hold the connection
@@ -157,7 +165,10 @@ class Receiver:
                     f"the body did not arrive within {reception.body_timeout:g} s"
                 ) from None
         except DeliveryRejected as exc:
-            await _send(send, reception.rejected(provider, exc))
+            await _send(send, reception.rejected(provider, exc, tenant))
+            return
+        except TenantUnavailable as exc:
+            await _send(send, reception.tenant_failed(provider, exc, tenant))
             return
         if body is None:
             return  # the client disconnected; there is nobody to answer
@@ -167,6 +178,7 @@ class Receiver:
             body=body,
             headers=headers,
             query=dict(parse_qsl(raw_query.decode("latin-1"))) if raw_query else {},
+            tenant=tenant,
         )
         await _send(send, await reception.receive(delivery))
 

@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ._exceptions import DeliveryRejected, StoreError
+from ._exceptions import DeliveryRejected, StoreError, TenantUnavailable
 from .events import Delivery
 from .settings import ReceiverSettings
 
@@ -74,6 +74,7 @@ _TITLES = {
     "signature": "Invalid Signature",
     "payload": "Invalid Payload",
     "unknown-provider": "Unknown Provider",
+    "unknown-tenant": "Unknown Tenant",
     "too-large": "Payload Too Large",
     "headers-too-large": "Request Header Fields Too Large",
     "body-timeout": "Request Timeout",
@@ -99,6 +100,13 @@ class Reception:
             "the event could not be stored; retry later",
             retry_after,
         )
+        self.tenant_unavailable = problem(
+            503,
+            "unavailable",
+            "Service Unavailable",
+            "the tenant's secrets could not be looked up; retry later",
+            retry_after,
+        )
         #: The health check's answer when the database is away.
         self.unhealthy = problem(
             503, "unavailable", "Service Unavailable", "the database is not reachable", retry_after
@@ -106,24 +114,32 @@ class Reception:
 
     async def receive(self, delivery: Delivery) -> Answer:
         """Store `delivery`; 200 only once its event is committed (or was already)."""
+        tenant = delivery.tenant
         try:
             receipt = await self.inbox.receive(delivery)
         except DeliveryRejected as exc:
-            return self.rejected(delivery.provider, exc)
+            return self.rejected(delivery.provider, exc, tenant)
         except StoreError as exc:
-            return self.store_failed(delivery.provider, exc)
-        self.metrics.accepted(delivery.provider, duplicate=receipt.duplicate)
+            return self.store_failed(delivery.provider, exc, tenant)
+        except TenantUnavailable as exc:
+            return self.tenant_failed(delivery.provider, exc, tenant)
+        self.metrics.accepted(delivery.provider, duplicate=receipt.duplicate, tenant=tenant)
         return _DUPLICATE if receipt.duplicate else _STORED
 
-    def rejected(self, provider: str, exc: DeliveryRejected) -> Answer:
+    def rejected(self, provider: str, exc: DeliveryRejected, tenant: str = "") -> Answer:
         """The 4xx for a delivery refused before or during :meth:`receive`
-        (unknown provider, limits, signature, payload): nothing was stored."""
-        self.metrics.rejected(provider, exc.reason)
+        (unknown provider or tenant, limits, signature, payload): nothing was stored."""
+        self.metrics.rejected(provider, exc.reason, tenant=tenant)
         log.debug("rejected delivery to %s: %s", provider, exc.detail)
         return problem(exc.status, exc.reason, _TITLES.get(exc.reason, "Rejected"), exc.detail)
 
-    def store_failed(self, provider: str, exc: StoreError) -> Answer:
+    def store_failed(self, provider: str, exc: StoreError, tenant: str = "") -> Answer:
         """503 with ``Retry-After``: the sender keeps the event and sends it again."""
-        self.metrics.rejected(provider, "unavailable")
+        self.metrics.rejected(provider, "unavailable", tenant=tenant)
         log.warning("database unavailable, answering 503: %s", exc)
         return self.unavailable
+
+    def tenant_failed(self, provider: str, exc: TenantUnavailable, tenant: str) -> Answer:
+        """503 with ``Retry-After`` when the tenant resolver failed (it logged why)."""
+        self.metrics.rejected(provider, "unavailable", tenant=tenant)
+        return self.tenant_unavailable

@@ -37,6 +37,7 @@ from .store import Store, create_store
 
 if TYPE_CHECKING:
     from .guard import Guard
+    from .handlers import HandlerRegistry
     from .providers import Provider
     from .settings import Settings
 
@@ -126,6 +127,9 @@ class ReconcilingApp(Protocol):
 
     @property
     def api_clients(self) -> Mapping[str, ApiClient]: ...
+
+    @property
+    def handlers(self) -> HandlerRegistry: ...
 
     def guard(self, *, lease_seconds: float = ..., ttl_seconds: float | None = ...) -> Guard: ...
 
@@ -233,7 +237,8 @@ async def reconcile_app(
     used = store or create_store(app.settings.database_url)
     try:
         return await reconcile(
-            Inbox(used, app.providers),
+            # The app's handlers name the ordering key of what is admitted.
+            Inbox(used, app.providers, app.handlers),
             client,
             route,
             since=start,

@@ -146,7 +146,7 @@ def test_standalone_worker_serves_its_metrics(env: dict[str, str], tmp_path: Pat
                 for s in family.samples
             }
             processed = samples.get(
-                ("onceonly_events_processed_total", (("provider", "stripe"),)), 0.0
+                ("onceonly_events_processed_total", (("provider", "stripe"), ("tenant", ""))), 0.0
             )
             time.sleep(0.1)
         assert processed == 1

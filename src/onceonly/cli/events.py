@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 from rich.markup import escape
@@ -32,6 +32,11 @@ def events() -> None:
 @app_options
 @click.option("--provider", help="Only this provider (route name).")
 @click.option(
+    "--tenant",
+    help="Only this tenant's events (the merchant in /webhooks/PROVIDER/TENANT); "
+    "'' for the events without one.",
+)
+@click.option(
     "--status", type=click.Choice([s.value for s in EventStatus]), help="Only this status."
 )
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))
@@ -46,6 +51,7 @@ def list_events(
     app_spec: str | None,
     database_url: str | None,
     provider: str | None,
+    tenant: str | None,
     status: str | None,
     limit: int,
     before_id: int | None,
@@ -62,6 +68,7 @@ def list_events(
             limit=limit,
             before_id=before_id,
             object_id=object_id,
+            tenant=tenant,
         ),
     )
     if fmt == "json":
@@ -72,13 +79,17 @@ def list_events(
         return
     # The last error earns a column only when something failed.
     with_errors = any(e.last_error for e in found)
-    table = Table("id", "provider", "event id", "type", "status", "attempts", "received at")
+    # So does the tenant, in a deployment that has them.
+    with_tenants = tenant is not None or any(e.tenant for e in found)
+    columns = ["id", "provider", *(["tenant"] if with_tenants else []), "event id", "type"]
+    table = Table(*columns, "status", "attempts", "received at")
     if with_errors:
         table.add_column("last error")
     for e in found:
         cells = [
             str(e.id),
             e.provider,
+            *([e.tenant or "-"] if with_tenants else []),
             e.event_id,
             e.event_type or "-",
             e.status.value,
@@ -92,25 +103,34 @@ def list_events(
     console.print(table)
 
 
+_TENANT = click.option(
+    "--tenant",
+    default="",
+    help="The tenant PROVIDER:EVENT_ID belongs to (two merchants' events may share an id).",
+)
+
+
 @events.command("show")
 @app_options
 @click.argument("ref")
+@_TENANT
 @_FORMAT
 @fail_cleanly
-def show_event(app_spec: str | None, database_url: str | None, ref: str, fmt: str) -> None:
+def show_event(
+    app_spec: str | None, database_url: str | None, ref: str, tenant: str, fmt: str
+) -> None:
     """Show one event with its headers and body.
 
     REF is the row id shown by `events list`, or PROVIDER:EVENT_ID
-    (for example stripe:evt_1N...).
+    (for example stripe:evt_1N...; with --tenant for a tenant's event).
     """
     from ..dashboard.redaction import Redactor
     from ..operations import attempts_of
 
     app = load(app_spec, database_url)
-    found = _find(app, ref)
+    found = _find(app, ref, tenant)
     if found is None:
-        errors.print(f"[red]no event {escape(ref)}[/red]")
-        sys.exit(1)
+        _not_found(app, ref, tenant)
     attempts = attempts_of(app.engine, found.id)
     redactor = Redactor(app.dashboard_redact)
     if fmt == "json":
@@ -144,6 +164,7 @@ def show_event(app_spec: str | None, database_url: str | None, ref: str, fmt: st
 @click.option(
     "--status", type=click.Choice(["failed", "dead"]), help="Replay every event with this status."
 )
+@_TENANT
 @_FORMAT
 @fail_cleanly
 def replay_events(
@@ -151,17 +172,20 @@ def replay_events(
     database_url: str | None,
     ref: str | None,
     status: str | None,
+    tenant: str,
     fmt: str,
 ) -> None:
-    """Put events back in line: one (REF: row id or PROVIDER:EVENT_ID) or all
-    with --status. Attempts start again from zero; recorded effects are not
-    called again."""
+    """Put events back in line: one (REF: row id or PROVIDER:EVENT_ID, with
+    --tenant for a tenant's event) or all with --status. Attempts start again
+    from zero; recorded effects are not called again."""
     if (ref is None) == (status is None):
         raise click.UsageError("give either an event (REF) or --status, not both")
-    replay_and_report(load(app_spec, database_url), ref, status, fmt)
+    replay_and_report(load(app_spec, database_url), ref, status, fmt, tenant=tenant)
 
 
-def replay_and_report(app: Onceonly, ref: str | None, status: str | None, fmt: str) -> None:
+def replay_and_report(
+    app: Onceonly, ref: str | None, status: str | None, fmt: str, *, tenant: str = ""
+) -> None:
     """What ``onceonly events replay`` does once its deployment is loaded (also
     ``manage.py onceonly_replay``): replay `ref` or every event in `status`,
     print what was replayed, exit 1 when `ref` is unknown or already in line."""
@@ -169,10 +193,9 @@ def replay_and_report(app: Onceonly, ref: str | None, status: str | None, fmt: s
 
     event_pk: int | None = None
     if ref is not None:
-        found = _find(app, ref)
+        found = _find(app, ref, tenant)
         if found is None:
-            errors.print(f"[red]no event {escape(ref)}[/red]")
-            sys.exit(1)
+            _not_found(app, ref, tenant)
         event_pk = found.id
     else:
         asyncio.run(_open_and_close(app))
@@ -195,13 +218,34 @@ async def _open_and_close(app: Onceonly) -> None:
     await app.store.close()
 
 
-def _find(app: Onceonly, ref: str) -> Event | None:
+def _find(app: Onceonly, ref: str, tenant: str = "") -> Event | None:
     provider, sep, event_id = ref.partition(":")
     if sep:
-        return with_store(app, lambda store: store.find_event(provider, event_id))
+        # Exact: without --tenant, only the event without one (never another
+        # merchant's event that happens to share the id).
+        return with_store(app, lambda store: store.find_event(provider, event_id, tenant))
     if ref.isdigit():
         return with_store(app, lambda store: store.get_event(int(ref)))
     raise click.BadParameter("use a row id or PROVIDER:EVENT_ID", param_hint="REF")
+
+
+def _not_found(app: Onceonly, ref: str, tenant: str) -> NoReturn:
+    where = f" for tenant {escape(tenant)}" if tenant else ""
+    hint = ""
+    provider, sep, event_id = ref.partition(":")
+    if sep:
+        # Ambiguous, not absent: say which tenants have it, pick none.
+        from ..store.history import EventHistory
+
+        others = EventHistory(app.engine_kind).events(
+            app.engine, provider=provider, event_id=event_id, limit=10
+        )
+        tenants = sorted({e.tenant for e in others if e.tenant != tenant})
+        if tenants:
+            names = ", ".join(repr(t) for t in tenants)
+            hint = f"; tenants with that event: {escape(names)} (add --tenant)"
+    errors.print(f"[red]no event {escape(ref)}{where}[/red]{hint}")
+    sys.exit(1)
 
 
 def _print_event(e: Event, redactor: Redactor) -> None:
@@ -211,6 +255,7 @@ def _print_event(e: Event, redactor: Redactor) -> None:
     for label, value in [
         ("id", str(e.id)),
         ("provider", e.provider),
+        *([("tenant", e.tenant)] if e.tenant else []),
         ("event id", e.event_id),
         ("type", e.event_type or "-"),
         ("status", e.status.value),

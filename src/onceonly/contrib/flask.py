@@ -35,7 +35,8 @@ def webhook_view(
     onceonly: Onceonly, *, name: str = "onceonly_webhook"
 ) -> Callable[[str], flask.Response]:
     """A Flask view for ``POST /<provider>`` deliveries, for the providers of
-    `onceonly`; route it with a ``<provider>`` variable::
+    `onceonly`; route it with a ``<provider>`` variable (and, for tenants, a
+    second rule with ``<tenant>``: see docs/tenants.md)::
 
         app.add_url_rule("/webhooks/<provider>", view_func=webhook_view(onceonly),
                          methods=["POST"])
@@ -47,7 +48,7 @@ def webhook_view(
     receiver = onceonly.receiver()
     limit = receiver.reception.max_body_bytes
 
-    def view(provider: str) -> flask.Response:
+    def view(provider: str, tenant: str = "") -> flask.Response:
         from flask import Response, request
 
         environ = request.environ
@@ -65,7 +66,8 @@ def webhook_view(
                 status=400,
                 content_type="application/problem+json",
             )
-        answer = call_asgi(receiver, environ, f"/{provider}", body)
+        path = f"/{provider}/{tenant}" if tenant else f"/{provider}"
+        answer = call_asgi(receiver, environ, path, body)
         return Response(
             answer.body,
             status=answer.status,

@@ -324,6 +324,8 @@ class Dashboard:
         event_type = q.get("type") or None
         # Pasted from a provider's console: the spaces around it are not part of it.
         object_id = q.get("object_id", "").strip() or None
+        tenant = q.get("tenant") or None
+        event_id = q.get("event_id") or None
         before = q.get("before", "")
         before_id = int(before) if before.isdigit() else None
         if status is not None and status not in STATUSES:
@@ -336,13 +338,17 @@ class Dashboard:
                 before_id=before_id,
                 limit=PAGE_SIZE,
                 object_id=object_id,
+                tenant=tenant,
+                event_id=event_id,
             )
         )
         counts = await run_in_threadpool(self.reader.counts)
         filters = {
             "provider": provider or "",
+            "tenant": tenant or "",
             "status": status or "",
             "type": event_type or "",
+            "event_id": event_id or "",
             "object_id": object_id or "",
         }
         older = None
@@ -359,6 +365,7 @@ class Dashboard:
                 "statuses": STATUSES,
                 "older": older,
                 "with_duplicates": counts.duplicates is not None,
+                "with_tenants": self.onceonly.tenants is not None or any(r.tenant for r in rows),
                 "replayable": REPLAYABLE,
                 "here": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
             },
@@ -453,6 +460,8 @@ class Dashboard:
                 before_id=int(before) if before.isdigit() else None,
                 limit=min(int(limit), 1000) if limit.isdigit() else PAGE_SIZE,
                 object_id=q.get("object_id", "").strip() or None,
+                tenant=q.get("tenant") or None,
+                event_id=q.get("event_id") or None,
             )
         )
         return JSONResponse([r.to_dict() for r in rows])

@@ -79,11 +79,13 @@ class EventRow:
     duplicates: int | None
     #: The provider's object (a payment id), when the provider names one.
     object_id: str | None = None
+    tenant: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "provider": self.provider,
+            "tenant": self.tenant,
             "event_id": self.event_id,
             "event_type": self.event_type,
             "status": self.status,
@@ -185,8 +187,12 @@ class EventReader:
         before_id: int | None = None,
         limit: int = 50,
         object_id: str | None = None,
+        tenant: str | None = None,
+        event_id: str | None = None,
     ) -> list[EventRow]:
-        """Newest first; each filter is an exact match."""
+        """Newest first; each filter is an exact match (an event id is
+        searched within `tenant` when one is given, never across merchants
+        when the operator looks at one)."""
         found = self.history.events(
             self.engine,
             provider=provider,
@@ -195,6 +201,8 @@ class EventReader:
             before_id=before_id,
             limit=limit,
             object_id=object_id,
+            tenant=tenant,
+            event_id=event_id,
         )
         return [_row(summary) for summary in found]
 
@@ -233,4 +241,5 @@ def _row(summary: EventSummary) -> EventRow:
         last_error=summary.last_error,
         duplicates=summary.duplicates,
         object_id=summary.object_id,
+        tenant=summary.tenant,
     )

@@ -34,6 +34,11 @@ queue paused (Asaas) come from :meth:`FakeApi.record_delivery` and
 :meth:`FakeApi.set_queue` (``onceonly dev gateway`` calls them after its
 deliveries, see :func:`onceonly.dev.gateway.record_deliveries`).
 
+Many merchants (see docs/tenants.md): :meth:`FakeApi.add_merchant` gives a
+merchant's account its own token, :meth:`FakeApi.connect` makes an account a
+Stripe Connect account the platform's token reaches with ``Stripe-Account``;
+objects put under an `account` are served only to that account's credential.
+
 The paths do not overlap, so one server serves every provider at once. The
 legacy PagSeguro lookup answers XML (``<transaction>`` built from the stored
 dict); the others answer JSON. Unknown objects get the provider's kind of 404,
@@ -82,6 +87,9 @@ class ApiRequest:
     kind: str
     object_id: str
     status: int
+    #: Whose credential asked: ``""`` the platform's own, else the merchant's
+    #: account (its token, or Stripe Connect's ``Stripe-Account``).
+    account: str = ""
 
 
 @dataclass(slots=True)
@@ -143,9 +151,12 @@ class FakeApi:
         self.token = token
         self.tokens = dict(tokens or {})
         self.legacy_email = legacy_email
-        self._objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._objects: dict[tuple[str, str, str, str], dict[str, Any]] = {}
         self._delivered: dict[tuple[str, str], bool] = {}
         self._queues: dict[str, dict[str, Any]] = {}
+        #: (provider, token) -> account; provider -> connected accounts.
+        self._merchants: dict[tuple[str, str], str] = {}
+        self._connected: dict[str, set[str]] = {}
         self._faults: list[_Fault] = []
         self._requests: list[ApiRequest] = []
         self._lock = threading.Lock()
@@ -184,46 +195,63 @@ class FakeApi:
     # Objects.
 
     @staticmethod
-    def _key(provider: str, kind: str, object_id: str | int) -> tuple[str, str, str]:
+    def _key(
+        provider: str, kind: str, object_id: str | int, account: str = ""
+    ) -> tuple[str, str, str, str]:
         profile = profile_for(provider)
         if profile is None or kind not in profile.kinds:
             known = ", ".join(f"{p}/{k}" for p, pr in profiles().items() for k in pr.kinds)
             raise ValueError(f"the fake API serves no {provider}/{kind} (it serves {known})")
-        return provider, kind, str(object_id)
+        return provider, kind, str(object_id), account
 
-    def put(self, provider: str, kind: str, object_id: str | int, obj: Mapping[str, Any]) -> None:
-        """Store (or replace) the object served at `provider`'s path for `kind`.
+    def put(
+        self,
+        provider: str,
+        kind: str,
+        object_id: str | int,
+        obj: Mapping[str, Any],
+        *,
+        account: str = "",
+    ) -> None:
+        """Store (or replace) the object served at `provider`'s path for `kind`
+        (to `account`'s credential only, when given).
 
         For ``pagbank``/``notification`` `object_id` is the notification code
         and `obj` the transaction it resolves to (``{"code": ..., "status": "3"}``).
         """
-        key = self._key(provider, kind, object_id)
+        key = self._key(provider, kind, object_id, account)
         with self._lock:
             self._objects[key] = copy.deepcopy(dict(obj))
 
-    def get(self, provider: str, kind: str, object_id: str | int) -> dict[str, Any] | None:
+    def get(
+        self, provider: str, kind: str, object_id: str | int, *, account: str = ""
+    ) -> dict[str, Any] | None:
         """A copy of the stored object, or ``None``."""
-        key = self._key(provider, kind, object_id)
+        key = self._key(provider, kind, object_id, account)
         with self._lock:
             found = self._objects.get(key)
             return copy.deepcopy(found) if found is not None else None
 
-    def remove(self, provider: str, kind: str, object_id: str | int) -> None:
+    def remove(self, provider: str, kind: str, object_id: str | int, *, account: str = "") -> None:
         """Forget an object: its path answers 404 from now on."""
-        key = self._key(provider, kind, object_id)
+        key = self._key(provider, kind, object_id, account)
         with self._lock:
             self._objects.pop(key, None)
 
-    def update(self, provider: str, kind: str, object_id: str | int, **fields: Any) -> None:
+    def update(
+        self, provider: str, kind: str, object_id: str | int, *, account: str = "", **fields: Any
+    ) -> None:
         """Change top-level fields of a stored object (``KeyError`` if absent)."""
-        key = self._key(provider, kind, object_id)
+        key = self._key(provider, kind, object_id, account)
         with self._lock:
             self._objects[key].update(copy.deepcopy(fields))
 
-    def set_status(self, provider: str, kind: str, object_id: str | int, status: Any) -> None:
+    def set_status(
+        self, provider: str, kind: str, object_id: str | int, status: Any, *, account: str = ""
+    ) -> None:
         """Change an object's status: its ``status`` field (for a Stripe event,
         that of ``data.object``, the object the event carries)."""
-        key = self._key(provider, kind, object_id)
+        key = self._key(provider, kind, object_id, account)
         with self._lock:
             _profile(provider).set_status(kind, self._objects[key], status)
 
@@ -238,6 +266,20 @@ class FakeApi:
         ``penalized``, ``url``)."""
         with self._lock:
             self._queues.setdefault(provider, {}).update(state)
+
+    # Merchants.
+
+    def add_merchant(self, provider: str, account: str, token: str) -> None:
+        """Accept `token` on `provider`'s paths as `account`'s own credential
+        (each merchant's Asaas key, PagBank token, Mercado Pago access token)."""
+        with self._lock:
+            self._merchants[(provider, token)] = account
+
+    def connect(self, provider: str, account: str) -> None:
+        """Make `account` reachable with the platform's token plus the header
+        ``Stripe-Account: <account>`` (Stripe Connect)."""
+        with self._lock:
+            self._connected.setdefault(provider, set()).add(account)
 
     def clear(self) -> None:
         """Forget every object, fault and recorded request (including the ones
@@ -347,30 +389,50 @@ class FakeApi:
 
     # Serving.
 
-    def _authorized(self, request: Request, provider: str, kind: str) -> bool:
+    def _authorized(self, request: Request, provider: str, kind: str, token: str) -> bool:
         return _profile(provider).authorized(
-            kind, request.headers, request.query_params, self.token_for(provider), self.legacy_email
+            kind, request.headers, request.query_params, token, self.legacy_email
         )
+
+    def _account(self, request: Request, provider: str, kind: str) -> str | None:
+        """Whose credential the request carries (``""``: the platform's), or
+        ``None`` when it is nobody's."""
+        if self._authorized(request, provider, kind, self.token_for(provider)):
+            acting_for = request.headers.get("stripe-account")
+            if acting_for is None:
+                return ""
+            with self._lock:
+                connected = acting_for in self._connected.get(provider, ())
+            return acting_for if connected else None
+        with self._lock:
+            merchants = [(t, a) for (p, t), a in self._merchants.items() if p == provider]
+        for token, account in merchants:
+            if self._authorized(request, provider, kind, token):
+                return account
+        return None
 
     def _endpoint(self, provider: str, kind: str) -> Any:
         async def endpoint(request: Request) -> Response:
             # A path the profile answers itself (a token endpoint) names no object.
             object_id = request.path_params.get("object_id", "")
             generation = self._generation
-            response = await self._answer(request, provider, kind, object_id)
+            response, account = await self._answer(request, provider, kind, object_id)
             with self._lock:
                 if generation == self._generation:
-                    record = ApiRequest(provider, kind, object_id, response.status_code)
+                    record = ApiRequest(
+                        provider, kind, object_id, response.status_code, account or ""
+                    )
                     self._requests.append(record)
             return response
 
         return endpoint
 
-    def _listing_state(self, provider: str) -> ListingState:
+    def _listing_state(self, provider: str, account: str) -> ListingState:
+        """What `account`'s credential may list (``""``: the platform's own)."""
         with self._lock:
             objects: dict[str, list[dict[str, Any]]] = {}
-            for (p, kind, _), obj in self._objects.items():
-                if p == provider:
+            for (p, kind, _, owner), obj in self._objects.items():
+                if p == provider and owner == account:
                     objects.setdefault(kind, []).append(copy.deepcopy(obj))
             delivered = {e: ok for (p, e), ok in self._delivered.items() if p == provider}
             queue = dict(self._queues.get(provider, {}))
@@ -392,12 +454,13 @@ class FakeApi:
         if early is not None:
             return early
         profile = _profile(provider)
-        if not self._authorized(request, provider, name):
+        account = self._account(request, provider, name)
+        if account is None:
             return _response(profile.unauthorized(name))
         query: dict[str, list[str]] = {}
         for key, value in request.query_params.multi_items():
             query.setdefault(key, []).append(value)
-        return _response(profile.listing(name, self._listing_state(provider), query))
+        return _response(profile.listing(name, self._listing_state(provider, account), query))
 
     async def _misbehave(self, provider: str) -> Response | None:
         """Hold, slow down or fail this request as the faults say; the failure
@@ -424,20 +487,24 @@ class FakeApi:
             )
         return None
 
-    async def _answer(self, request: Request, provider: str, kind: str, object_id: str) -> Response:
+    async def _answer(
+        self, request: Request, provider: str, kind: str, object_id: str
+    ) -> tuple[Response, str | None]:
         early = await self._misbehave(provider)
         if early is not None:
-            return early
+            return early, None
         profile = _profile(provider)
-        if not self._authorized(request, provider, kind):
-            return _response(profile.unauthorized(kind))
+        account = self._account(request, provider, kind)
+        if account is None:
+            return _response(profile.unauthorized(kind)), None
         own = profile.answer(kind, request.headers, self.token_for(provider))
         if own is not None:
-            return _response(own)
-        obj = self.get(provider, kind, object_id)
+            return _response(own), account
+        # One account's objects are invisible to every other credential.
+        obj = self.get(provider, kind, object_id, account=account)
         if obj is None:
-            return _response(profile.not_found(kind, object_id))
-        return _response(profile.render(kind, obj))
+            return _response(profile.not_found(kind, object_id)), account
+        return _response(profile.render(kind, obj)), account
 
     async def _admin(self, request: Request) -> Response:
         provider, kind, object_id = (

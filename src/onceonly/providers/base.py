@@ -9,9 +9,11 @@ name.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import hmac
 import json
+import secrets as _random
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -81,6 +83,11 @@ class Provider(ABC):
     #: called as ``parser(raw, variable_name)``.
     environ_options: ClassVar[tuple[tuple[str, Callable[[str, str], Any]], ...]] = ()
 
+    #: True for a provider made by :meth:`for_tenants`: it has no secret of
+    #: its own and takes deliveries only at ``/{route}/{tenant}``. (A class
+    #: default too, for subclasses whose ``__init__`` does not call ours.)
+    tenants_only: bool = False
+
     def __init__(self, secrets: Sequence[str] | str, *, rejection_status: int = 401) -> None:
         if isinstance(secrets, str):
             secrets = [secrets]
@@ -94,6 +101,41 @@ class Provider(ABC):
             )
         self.secrets: tuple[str, ...] = tuple(cleaned)
         self.rejection_status = rejection_status
+
+    @classmethod
+    def for_tenants(cls, **options: Any) -> Self:
+        """This provider with no secret of its own, for a deployment where each
+        merchant has theirs: deliveries are taken only at
+        ``/webhooks/{route}/{tenant}``, verified with the secrets the tenant
+        resolver gives (see :class:`~onceonly.Tenants`); the tenant-less route
+        answers 404. `options` are the class's own keywords (``tolerance``, ...).
+        """
+        # A random secret nobody knows stands in, so that even a check
+        # forgotten somewhere could not make this provider accept anything.
+        provider = cls(cls._unguessable_secret(), **options)
+        provider.tenants_only = True
+        return provider
+
+    @classmethod
+    def _unguessable_secret(cls) -> str:
+        return _random.token_hex(32)
+
+    def with_secrets(self, secrets: Sequence[str] | str) -> Self:
+        """A copy of this provider (same options) that accepts `secrets` only:
+        one merchant's verifier, built from the deployment's template."""
+        twin = copy.copy(self)
+        twin._use_secrets(secrets)
+        twin.tenants_only = False
+        return twin
+
+    def _use_secrets(self, secrets: Sequence[str] | str) -> None:
+        """Replace the secrets (subclasses that derive keys from them extend this)."""
+        if isinstance(secrets, str):
+            secrets = [secrets]
+        cleaned = tuple(s.strip() for s in secrets if s.strip())
+        if not cleaned:
+            raise ConfigurationError(f"provider {self.name!r} needs at least one secret")
+        self.secrets = cleaned
 
     @abstractmethod
     def verify(self, delivery: Delivery) -> None:

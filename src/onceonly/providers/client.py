@@ -23,6 +23,7 @@ parameters (the legacy PagSeguro API takes its token in the query).
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import json
 import logging
@@ -222,6 +223,11 @@ class ApiClient(ABC):
     default_window: ClassVar[float] = 3 * 86400.0
     #: Items per page asked of a listing API.
     page_size: ClassVar[int] = 100
+    #: True where the platform's key can act for another account (Stripe
+    #: Connect's ``Stripe-Account`` header).
+    accounts: ClassVar[bool] = False
+    #: The account acted for (set by :meth:`for_tenant`); ``None``: the key's own.
+    account: str | None = None
 
     def __init__(
         self,
@@ -246,6 +252,23 @@ class ApiClient(ABC):
 
     def __repr__(self) -> str:  # never the token
         return f"{type(self).__name__}(base_url={self.base_url!r})"
+
+    def for_tenant(self, *, token: str | None = None, account: str | None = None) -> Self:
+        """This client (same base URL, timeout, retries and open connections)
+        for one merchant: with the merchant's own `token`, or, where the
+        provider has connected accounts (Stripe Connect), the platform's key
+        acting for `account`."""
+        if account is not None and not self.accounts:
+            raise ConfigurationError(
+                f"the {self.name} API has no connected accounts: give the tenant's api_token"
+            )
+        twin = copy.copy(self)  # shares the per-loop HTTP clients: headers are per request
+        if token is not None:
+            twin.token = token.strip()
+            if not twin.token:
+                raise ConfigurationError(f"the {self.name} API client needs a token")
+        twin.account = account
+        return twin
 
     # What subclasses provide.
 

@@ -126,10 +126,11 @@ class Store(ABC):
         limit: int = 50,
         before_id: int | None = None,
         object_id: str | None = None,
+        tenant: str | None = None,
     ) -> list[Event]:
-        """Newest first, optionally filtered; `before_id` pages further back;
-        `object_id` finds the events about one provider object (a payment),
-        across providers."""
+        """Newest first, optionally filtered (`tenant` ``""``: the events without
+        one); `before_id` pages further back; `object_id` finds the events about
+        one provider object (a payment), across providers."""
 
     @abstractmethod
     async def get_event(self, id: int) -> Event | None:

@@ -41,9 +41,11 @@ Moment = datetime | str
 QUEUE_STATUSES = ("pending", "processing", "failed", "dead")
 
 #: Columns added by schema version 4 (duplicate counting, payload retention)
-#: and later (the provider's object id): read when present, so the dashboard
-#: also works on an older schema.
-OPTIONAL_COLUMNS = ("duplicates", "last_duplicate_at", "payload_purged_at", "object_id")
+#: and later (the provider's object id, the tenant): read when present, so the
+#: dashboard also works on an older schema.
+OPTIONAL_COLUMNS = ("duplicates", "last_duplicate_at", "payload_purged_at", "object_id", "tenant")
+
+_HAS_TENANT = "tenant <> ''"
 
 _SUMMARY_COLUMNS = "id, provider, event_id, event_type, status, attempts, received_at, last_error"
 
@@ -94,6 +96,8 @@ class EventSummary:
     duplicates: int | None
     #: The provider's object (a payment id), when the provider names one.
     object_id: str | None = None
+    #: The merchant account (``""``: none, or a schema older than tenants).
+    tenant: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +247,8 @@ class EventHistory:
         before_id: int | None = None,
         limit: int = 50,
         object_id: str | None = None,
+        tenant: str | None = None,
+        event_id: str | None = None,
     ) -> list[EventSummary]:
         """Newest first; each filter (when given and not empty) is an exact match.
 
@@ -255,19 +261,25 @@ class EventHistory:
             ("status", status),
             ("event_type", event_type),
             ("object_id", object_id),
+            ("tenant", tenant),
+            ("event_id", event_id),
         ):
             if value:
                 where.append(f"{column} = :{column}")
                 params[column] = value
+        if tenant:
+            # Spelled out so that the planner may use the partial tenant
+            # index whatever the bound value (SQLite cannot infer it).
+            where.append(_HAS_TENANT)
         if before_id is not None:
             where.append("id < :before_id")
             params["before_id"] = before_id
         clause = f" WHERE {' AND '.join(where)}" if where else ""
         with translated("listing events"), engine.connect() as conn:
             present = self._columns(conn)
-            if object_id and "object_id" not in present:
-                return []  # a schema from before object ids: no event names one
-            extra = "".join(f", {c}" for c in ("duplicates", "object_id") if c in present)
+            if (object_id and "object_id" not in present) or (tenant and "tenant" not in present):
+                return []  # a schema from before object ids or tenants: none match
+            extra = "".join(f", {c}" for c in ("duplicates", "object_id", "tenant") if c in present)
             rows = conn.execute(
                 sa.text(
                     f"SELECT {_SUMMARY_COLUMNS}{extra} FROM onceonly_events{clause}"
@@ -347,6 +359,7 @@ def _summary(row: sa.Row[Any]) -> EventSummary:
         last_error=row.last_error,
         duplicates=int(mapping["duplicates"] or 0) if "duplicates" in mapping else None,
         object_id=mapping.get("object_id"),
+        tenant=mapping.get("tenant") or "",
     )
 
 

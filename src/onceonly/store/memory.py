@@ -102,6 +102,7 @@ class MemoryStore(Store):
         limit: int = 50,
         before_id: int | None = None,
         object_id: str | None = None,
+        tenant: str | None = None,
     ) -> list[Event]:
         self._check()
         found = [
@@ -111,6 +112,7 @@ class MemoryStore(Store):
             and (status is None or e.status == status)
             and (before_id is None or e.id < before_id)
             and (object_id is None or e.object_id == object_id)
+            and (tenant is None or e.tenant == tenant)
         ]
         return found[:limit]
 

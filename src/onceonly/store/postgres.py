@@ -367,22 +367,27 @@ class PostgresStore(Store):
         limit: int = 50,
         before_id: int | None = None,
         object_id: str | None = None,
+        tenant: str | None = None,
     ) -> list[Event]:
+        args: list[object] = [provider, status.value if status else None, before_id, limit]
+        extra = ""
+        # Each spelled out only when asked, in plain terms, so that even a
+        # prepared statement's generic plan may use the partial indexes.
+        if tenant is not None:
+            args.append(tenant)
+            extra += f" AND tenant = ${len(args)}" + (" AND tenant <> ''" if tenant else "")
+        if object_id is not None:
+            args.append(object_id)
+            extra += f" AND object_id = ${len(args)}"
         async with self._connection() as conn:
             rows = await conn.fetch(
                 f"SELECT {_COLUMNS} FROM onceonly_events"
                 " WHERE ($1::text IS NULL OR provider = $1)"
                 " AND ($2::text IS NULL OR status = $2)"
                 " AND ($3::bigint IS NULL OR id < $3)"
-                # Spelled out only when asked: a plain equality, which the
-                # partial index on object_id serves.
-                + (" AND object_id = $5" if object_id is not None else "")
-                + " ORDER BY id DESC LIMIT $4",
-                provider,
-                status.value if status else None,
-                before_id,
-                limit,
-                *([object_id] if object_id is not None else []),
+                f"{extra}"
+                " ORDER BY id DESC LIMIT $4",
+                *args,
             )
         return [event_from_row(r) for r in rows]
 

@@ -241,6 +241,7 @@ class _Builder:
                 "last_duplicate_at",
                 where="last_duplicate_at IS NOT NULL",
             ),
+            self._partial("onceonly_events_tenant_idx", "tenant", "id", where="tenant <> ''"),
             sqlite_autoincrement=True,
         )
 

@@ -332,6 +332,7 @@ class SQLiteStore(Store):
         limit: int = 50,
         before_id: int | None = None,
         object_id: str | None = None,
+        tenant: str | None = None,
     ) -> list[Event]:
         await self._ensure_open()
         where: list[str] = []
@@ -348,6 +349,11 @@ class SQLiteStore(Store):
         if object_id is not None:
             where.append("object_id = ?")
             params.append(object_id)
+        if tenant is not None:
+            where.append("tenant = ?")
+            params.append(tenant)
+            if tenant:
+                where.append("tenant <> ''")  # lets SQLite use the partial tenant index
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         sql = f"SELECT {_COLUMNS} FROM onceonly_events {clause} ORDER BY id DESC LIMIT ?"
         rows = await self._run(lambda conn: conn.execute(sql, (*params, limit)).fetchall())

@@ -85,4 +85,4 @@ def test_partial_indexes_are_partial_in_the_description(migrated: sa.Engine) -> 
                 options: dict[str, Any] = dict(found.get("dialect_options", {}))
                 reflected[str(found["name"])] = options.get(where) is not None
     assert reflected == described
-    assert sum(described.values()) == 9
+    assert sum(described.values()) == 10

@@ -8,4 +8,8 @@ from django.urls import path
 from .views import receive_async
 
 app_name = "onceonly"
-urlpatterns = [path("<str:provider>", receive_async, name="receive")]
+urlpatterns = [
+    path("<str:provider>", receive_async, name="receive"),
+    # Many merchants, one deployment (docs/tenants.md).
+    path("<str:provider>/<str:tenant>", receive_async, name="receive-tenant"),
+]

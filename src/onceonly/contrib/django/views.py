@@ -1,4 +1,5 @@
-"""The receiver as a Django view: ``POST /webhooks/<provider>``.
+"""The receiver as a Django view: ``POST /webhooks/<provider>`` (and
+``/webhooks/<provider>/<tenant>``, see :mod:`onceonly.tenants`).
 
 The same answers as ``onceonly serve`` (see :mod:`onceonly.receiver`), decided
 by the same :class:`~onceonly.reception.Reception`: 200 only after the event's
@@ -56,30 +57,34 @@ def _reception() -> Reception:
 
 
 @csrf_exempt
-def receive(request: HttpRequest, provider: str) -> HttpResponse:
-    """One delivery to `provider`, for WSGI (and ASGI); any method but POST gets 405."""
+def receive(request: HttpRequest, provider: str, tenant: str = "") -> HttpResponse:
+    """One delivery to `provider` (for `tenant`), for WSGI (and ASGI); any
+    method but POST gets 405."""
     reception = _reception()
-    delivery = _delivery(request, provider, reception)
+    delivery = _delivery(request, provider, reception, tenant)
     if isinstance(delivery, Answer):
         return _response(delivery)
     return _response(background_loop().run(reception.receive(delivery)))
 
 
 @csrf_exempt
-async def receive_async(request: HttpRequest, provider: str) -> HttpResponse:
+async def receive_async(request: HttpRequest, provider: str, tenant: str = "") -> HttpResponse:
     """:func:`receive` as an async view, for ASGI servers: the request waits
     for its commit without holding a thread (Django runs a sync view on one
     thread for all requests under ASGI, so they would commit one by one)."""
     reception = _reception()
-    delivery = _delivery(request, provider, reception)
+    delivery = _delivery(request, provider, reception, tenant)
     if isinstance(delivery, Answer):
         return _response(delivery)
     stored = background_loop().submit(reception.receive(delivery))
     return _response(await asyncio.wrap_future(stored))
 
 
-def _delivery(request: HttpRequest, provider: str, reception: Reception) -> Delivery | Answer:
-    """The request as a delivery, or the answer that refuses it (nothing stored)."""
+def _delivery(
+    request: HttpRequest, provider: str, reception: Reception, tenant: str = ""
+) -> Delivery | Answer:
+    """The request as a delivery, or the answer that refuses it (nothing stored).
+    The tenant is looked up with the delivery, by the inbox (unknown: 404)."""
     if request.method != "POST":
         return METHOD_NOT_ALLOWED
     try:
@@ -87,13 +92,14 @@ def _delivery(request: HttpRequest, provider: str, reception: Reception) -> Deli
         headers = _headers(request, reception.max_header_bytes)
         body = _body(request, headers, reception.max_body_bytes)
     except DeliveryRejected as exc:
-        return reception.rejected(provider, exc)
+        return reception.rejected(provider, exc, tenant)
     raw_query = request.META.get("QUERY_STRING", "")
     return Delivery(
         provider=provider,
         body=body,
         headers=headers,
         query=dict(parse_qsl(raw_query)) if raw_query else {},
+        tenant=tenant,
     )
 
 

@@ -115,6 +115,19 @@ class Pagarme(Provider):
 
     def __init__(self, secrets: Sequence[str] | str, *, rejection_status: int = 401) -> None:
         super().__init__(secrets, rejection_status=rejection_status)
+        self._derive()
+
+    @classmethod
+    def _unguessable_secret(cls) -> str:
+        # Basic credentials nobody knows: the form every secret here must have.
+        return f"onceonly:{super()._unguessable_secret()}"
+
+    def _use_secrets(self, secrets: Sequence[str] | str) -> None:
+        # A tenant's copy (with_secrets) derives its own credentials and keys.
+        super()._use_secrets(secrets)
+        self._derive()
+
+    def _derive(self) -> None:
         self.credentials = tuple(s for s in self.secrets if not s.startswith(JWKS_PREFIX))
         for credentials in self.credentials:
             if ":" not in credentials:

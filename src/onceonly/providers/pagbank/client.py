@@ -157,6 +157,14 @@ class PagBankClient(ApiClient):
     def secrets(self) -> tuple[str, ...]:
         return (self.token, self.legacy_token)
 
+    def for_tenant(self, *, token: str | None = None, account: str | None = None) -> Self:
+        twin = super().for_tenant(token=token, account=account)
+        # The legacy API's e-mail and token are the platform's own account:
+        # never used to read a merchant's notifications.
+        twin.legacy_email = ""
+        twin.legacy_token = twin.token
+        return twin
+
     def target(self, event: Event, kind: str | None = None) -> Target:
         if kind is not None:
             self.kind_or_default(kind)

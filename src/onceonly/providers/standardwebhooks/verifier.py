@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 import time
 from collections.abc import Mapping, Sequence
 
@@ -106,6 +107,14 @@ class StandardWebhooks(TimestampedProvider):
             for s in self.secrets
             if s.startswith(_ASYMMETRIC_PREFIXES)
         )
+
+    @classmethod
+    def _unguessable_secret(cls) -> str:
+        return "whsec_" + base64.b64encode(os.urandom(32)).decode()
+
+    def _use_secrets(self, secrets: Sequence[str] | str) -> None:
+        super()._use_secrets(secrets)
+        self._keys = tuple(_decode_secret(s) for s in self.secrets)
 
     @staticmethod
     def _prefix(delivery: Delivery) -> str:

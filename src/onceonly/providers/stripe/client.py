@@ -2,10 +2,12 @@
 
 Authenticated with the secret key as a Bearer token (``sk_live_...``,
 ``sk_test_...``, or a restricted ``rk_...`` key with read access to events and
-payment intents). By default an event points to itself: the event as Stripe's
-API has it, which a forged body cannot fake. ``fetch(event, "payment_intent")``
-reads the payment intent the event is about: ``data.object`` when it is one,
-else its ``payment_intent`` field (a charge, a refund, a dispute...).
+payment intents); for a Connect platform's tenant, with the platform's key and
+``Stripe-Account: acct_...`` (see :meth:`ApiClient.for_tenant`). By default
+an event points to itself: the event as Stripe's API has it, which a forged
+body cannot fake. ``fetch(event, "payment_intent")`` reads the payment intent
+the event is about: ``data.object`` when it is one, else its
+``payment_intent`` field (a charge, a refund, a dispute...).
 """
 
 from __future__ import annotations
@@ -43,6 +45,15 @@ class StripeClient(ApiClient):
     # Stripe keeps 30 days of events and retries for 3: three days back
     # covers every event Stripe has given up on.
     default_window = 3 * 86400.0
+
+    accounts = True
+
+    def auth_headers(self) -> dict[str, str]:
+        headers = super().auth_headers()
+        if self.account is not None:
+            # Stripe Connect: the platform's key, acting for the connected account.
+            headers["stripe-account"] = self.account
+        return headers
 
     def target(self, event: Event, kind: str | None = None) -> Target:
         kind = self.kind_or_default(kind)

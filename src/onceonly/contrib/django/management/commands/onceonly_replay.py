@@ -24,6 +24,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--status", choices=["failed", "dead"], help=option_help(replay_events, "status")
         )
+        parser.add_argument("--tenant", default="", help=option_help(replay_events, "tenant"))
         parser.add_argument(
             "--format",
             dest="fmt",
@@ -37,4 +38,8 @@ class Command(BaseCommand):
         status: str | None = options["status"]
         if (ref is None) == (status is None):
             raise CommandError("give either an event (REF) or --status, not both", returncode=2)
-        run(self, lambda: replay_and_report(get_app(), ref, status, options["fmt"]))
+        tenant: str = options["tenant"]
+        run(
+            self,
+            lambda: replay_and_report(get_app(), ref, status, options["fmt"], tenant=tenant),
+        )
