@@ -466,6 +466,22 @@ class ApiClient(ABC):
             )
         return data
 
+    async def get_page(
+        self, path: str, items: str, params: Mapping[str, str]
+    ) -> tuple[dict[str, Any], list[Any]]:
+        """One page of a listing: the JSON object and its list under `items`
+        (:class:`~onceonly.ApiError` when there is none: a reconcile that read
+        nothing must not pass for one that found nothing to catch up)."""
+        page = await self.get_json(path, params=params)
+        found = page.get(items)
+        if not isinstance(found, list):
+            raise ApiError(
+                f"{self.name} API answered GET {path} without a {items} list",
+                provider=self.name,
+                status=200,
+            )
+        return page, found
+
 
 def check_base_url(url: str, provider: str) -> str:
     if not url.startswith(("http://", "https://")):

@@ -88,14 +88,7 @@ class AsaasClient(ApiClient):
         offset = 0
         while True:
             params = {"dateCreated[ge]": day, "offset": str(offset), "limit": str(self.page_size)}
-            page = await self.get_json("/v3/payments", params=params)
-            data = page.get("data")
-            if not isinstance(data, list):
-                raise ApiError(
-                    "asaas API answered GET /v3/payments without a data list",
-                    provider=self.name,
-                    status=200,
-                )
+            page, data = await self.get_page("/v3/payments", "data", params)
             for item in data:
                 yield payment_event(item, "payments-list")
             if not page.get("hasMore") or not data:

@@ -114,14 +114,7 @@ class MercadoPagoClient(ApiClient):
         }
         while True:
             params["offset"] = str(offset)
-            page = await self.get_json("/v1/payments/search", params=params)
-            results = page.get("results")
-            if not isinstance(results, list):
-                raise ApiError(
-                    "mercadopago API answered GET /v1/payments/search without results",
-                    provider=self.name,
-                    status=200,
-                )
+            page, results = await self.get_page("/v1/payments/search", "results", params)
             for item in results:
                 yield _notification(item, "payments-search")
             total = lookup(page, "paging.total")

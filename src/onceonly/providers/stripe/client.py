@@ -101,14 +101,7 @@ class StripeClient(ApiClient):
         if failed_only:
             params["delivery_success"] = "false"
         while True:
-            page = await self.get_json("/v1/events", params=params)
-            data = page.get("data")
-            if not isinstance(data, list):
-                raise ApiError(
-                    "stripe API answered GET /v1/events without a data list",
-                    provider=self.name,
-                    status=200,
-                )
+            page, data = await self.get_page("/v1/events", "data", params)
             for item in data:
                 yield _listed(item, "events-list")
             if not page.get("has_more") or not data:
