@@ -98,7 +98,17 @@ def live_server(app: Any) -> Iterator[str]:
     """Serve an ASGI app with uvicorn on a loopback port, in a thread."""
     port = free_port()
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", access_log=False
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        access_log=False,
+        # uvicorn closes a keep-alive connection idle for 5 s by default; with
+        # the server and a test's client sharing one busy process (three xdist
+        # workers on two cores), a client could send its next request on a
+        # connection just as the server closed it (httpx.ReadError).
+        timeout_keep_alive=60,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
