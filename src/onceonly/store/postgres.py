@@ -14,7 +14,6 @@ the next call after it comes back simply works.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -25,6 +24,7 @@ from asyncpg.pool import PoolConnectionProxy
 
 from .._exceptions import StoreError, StoreRejected, StoreUnavailable
 from ..events import Event, EventStatus, NewEvent, Receipt
+from ..jsontext import dumps_text
 from . import migrations
 from .base import Store, collapse, receipts
 from .idempotency import KeyStore
@@ -344,7 +344,7 @@ class PostgresStore(Store):
             columns[2].append(e.event_id)
             columns[3].append(e.event_type)
             columns[4].append(e.body)
-            columns[5].append(json.dumps(dict(e.headers)))
+            columns[5].append(dumps_text(e.headers))
             columns[6].append(e.object_id)
             columns[7].append(e.occurred_at)
             columns[8].append(e.ordering_key)

@@ -10,7 +10,6 @@ would break "no 2xx before the event is durable").
 from __future__ import annotations
 
 import asyncio
-import json
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +19,7 @@ from typing import Any, TypeVar
 
 from .._exceptions import StoreError, StoreRejected, StoreUnavailable
 from ..events import Event, EventStatus, NewEvent, Receipt
+from ..jsontext import dumps_text
 from . import migrations
 from .base import Store, collapse, receipts
 from .idempotency import KeyStore
@@ -305,7 +305,7 @@ class SQLiteStore(Store):
                         e.event_id,
                         e.event_type,
                         e.body,
-                        json.dumps(dict(e.headers)),
+                        dumps_text(e.headers),
                         e.object_id,
                         e.occurred_at.timestamp() if e.occurred_at is not None else None,
                         e.ordering_key,
