@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 from pathlib import Path
 
 from support import ONCEONLY
+
+#: It takes about 12 s alone; three test workers on two cores slow it several times.
+DEMO_LIMIT_S = 240
 
 
 def run_demo(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Path, Path]:
@@ -19,9 +23,22 @@ def run_demo(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[st
     # No ONCEONLY_* settings: the demo needs no set-up, and must not use the caller's.
     env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEONLY_")}
     env.update(TMPDIR=str(tmp), COLUMNS="120")
-    result = subprocess.run(
-        [*ONCEONLY, "demo", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
-    )
+    # faulthandler: a demo stuck past the limit is sent SIGABRT, which prints
+    # every thread's stack, so a hang shows where it hung instead of a bare timeout.
+    python, *rest = ONCEONLY
+    command = [python, "-X", "faulthandler", *rest, "demo", *args]
+    with subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=DEMO_LIMIT_S)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            stdout, stderr = proc.communicate()
+            raise AssertionError(
+                f"the demo ran past {DEMO_LIMIT_S} s; its threads then:\n{stderr[-20000:]}"
+            ) from None
+    result = subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
     assert result.returncode == 0, result.stdout + result.stderr
     return result, cwd, tmp
 
