@@ -31,6 +31,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from .engine import reading
 from .errors import translated
 from .history import Moment
 
@@ -152,7 +153,7 @@ class ActivityHistory:
             "since": self._moment(first_minute * 60),
             "until": self._moment((current + 1) * 60),
         }
-        with translated("reading activity"), engine.connect() as conn:
+        with translated("reading activity"), reading(engine) as conn:
             first = self._first_id(conn, window["since"])
             received = (
                 {}

@@ -28,7 +28,15 @@ from .sqlite import connect
 from .url import DatabaseURL
 from .write_lock import WriteLock
 
-__all__ = ["create_engine", "engine_kind", "engine_kind_of", "transaction", "write_lock_of"]
+__all__ = [
+    "READ_ONLY",
+    "create_engine",
+    "engine_kind",
+    "engine_kind_of",
+    "reading",
+    "transaction",
+    "write_lock_of",
+]
 
 _write_locks: weakref.WeakKeyDictionary[sa.Engine, WriteLock] = weakref.WeakKeyDictionary()
 
@@ -81,6 +89,11 @@ def create_engine(url: str, *, pool_size: int = 10) -> sa.Engine:
 
     @event.listens_for(engine, "begin")
     def _begin(connection: sa.Connection) -> None:
+        if connection.get_execution_options().get(READ_ONLY):
+            # A reader: WAL lets it read beside the writer, so it must not
+            # queue for (and hold) the write lock the receiver needs.
+            connection.exec_driver_sql("BEGIN")
+            return
         # In turns, a waiting receiver first (store.write_lock). The tries go
         # straight to the driver, a tenth of the cost of SQLAlchemy's
         # execute; the last one through SQLAlchemy, which wraps its error.
@@ -106,6 +119,22 @@ def create_engine(url: str, *, pool_size: int = 10) -> sa.Engine:
         write_lock.end(record.info)
 
     return engine
+
+
+#: Execution option of a connection that only reads (see :func:`reading`).
+READ_ONLY = "onceonly_read_only"
+
+
+@contextmanager
+def reading(engine: sa.Engine) -> Iterator[sa.Connection]:
+    """A connection for reads only. On SQLite its transactions start with a
+    plain ``BEGIN``: in WAL mode a reader never blocks the writer, whereas the
+    engine's usual ``BEGIN IMMEDIATE`` would hold the write lock for as long
+    as the read takes (a purge scanning millions of rows, say), while every
+    delivery waits. Writing through it is a bug: SQLite may then answer
+    "database is locked" at once. On PostgreSQL it is an ordinary connection."""
+    with engine.connect().execution_options(**{READ_ONLY: True}) as conn:
+        yield conn
 
 
 @contextmanager

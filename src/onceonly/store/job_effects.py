@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from .engine import reading
 from .errors import translated
 
 __all__ = ["JobEffectRecords"]
@@ -90,7 +91,7 @@ class JobEffectRecords:
     def find(self, engine: sa.Engine, job_key: str, name: str) -> str | None:
         """The recorded outcome (JSON) of effect `name` of a task, if any."""
         params = {"job_key": job_key, "name": name}
-        with translated("reading a task effect record"), engine.connect() as conn:
+        with translated("reading a task effect record"), reading(engine) as conn:
             row = conn.execute(sa.text(self._s.find), params).first()
         return None if row is None else str(row.outcome)
 

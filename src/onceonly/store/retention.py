@@ -19,6 +19,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from .engine import reading
 from .errors import translated
 
 __all__ = ["ChildRows", "RetentionRecords"]
@@ -193,7 +194,7 @@ class RetentionRecords:
 
     def expired_idempotency_keys(self, engine: sa.Engine, *, now: float) -> int:
         """How many Idempotency-Key records expired before `now` (unix seconds)."""
-        with translated("counting expired Idempotency-Key records"), engine.connect() as conn:
+        with translated("counting expired Idempotency-Key records"), reading(engine) as conn:
             return int(
                 conn.execute(_sql(self._sql.expired_idempotency_keys), {"now": now}).scalar_one()
             )
@@ -201,7 +202,7 @@ class RetentionRecords:
     def _ids(
         self, engine: sa.Engine, sql: str, params: dict[str, Any], after: int, n: int
     ) -> list[int]:
-        with translated("finding old events"), engine.connect() as conn:
+        with translated("finding old events"), reading(engine) as conn:
             rows = conn.execute(_sql(sql), {**params, "after": after, "n": n})
             return [int(row.id) for row in rows]
 

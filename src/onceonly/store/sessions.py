@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from .engine import reading
 from .errors import translated
 
 __all__ = ["DashboardSessions"]
@@ -70,7 +71,7 @@ class DashboardSessions:
 
     def valid(self, engine: sa.Engine, session_id: str, *, now: float) -> bool:
         """Whether the session is open at `now` (not ended, not expired)."""
-        with translated("checking a dashboard session"), engine.connect() as conn:
+        with translated("checking a dashboard session"), reading(engine) as conn:
             found = conn.execute(sa.text(self._sql.valid), {"id": session_id, "now": now}).first()
         return found is not None
 

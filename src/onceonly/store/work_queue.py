@@ -39,6 +39,7 @@ import sqlalchemy as sa
 
 from .._exceptions import PayloadPurged
 from ..events import Event
+from .engine import reading
 from .errors import translated
 from .notifications import CHANNEL
 from .rows import event_columns, event_from_row
@@ -282,13 +283,13 @@ class WorkQueue:
     def claimed(self, engine: sa.Engine, id: int, fence: int) -> Claimed | None:
         """Event `id` as claimed with `fence`, or None if that claim is over
         (processed, failed, or claimed again since)."""
-        with translated("reading a claimed event"), engine.connect() as conn:
+        with translated("reading a claimed event"), reading(engine) as conn:
             row = conn.execute(sa.text(self.sql.claimed), {"id": id, "fence": fence}).first()
         return None if row is None else Claimed(event_from_row(row), row.fence)
 
     def due_count(self, engine: sa.Engine) -> int:
         """How many events a worker could claim now."""
-        with translated("counting due events"), engine.connect() as conn:
+        with translated("counting due events"), reading(engine) as conn:
             count = conn.execute(sa.text(self.sql.due_count), {"now": self.clock()}).scalar_one()
         return int(count)
 
