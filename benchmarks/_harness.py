@@ -136,6 +136,44 @@ def _process_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name, None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
+def _tree_ticks(pid: int) -> tuple[int, int]:
+    """(CPU ticks, processes) of `pid` and all its descendants: utime + stime of
+    each, plus cutime + cstime (children it has reaped, so a worker process that
+    ends in the window keeps its share). A server with worker processes
+    (uvicorn --workers) is counted whole."""
+    parents: dict[int, list[int]] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(entry.name)
+        if fields is None:
+            continue
+        child = int(entry.name)
+        parents.setdefault(int(fields[1]), []).append(child)
+        ticks[child] = sum(int(x) for x in fields[11:15])
+    # A gone process has no tree; and pid 0 (CpuMeter(0): no server, foreign
+    # load only) is the kernel's, parent of every process on the machine.
+    if pid not in ticks:
+        return 0, 0
+    total, count, todo = 0, 0, [pid]
+    while todo:
+        current = todo.pop()
+        total += ticks.get(current, 0)
+        count += 1
+        todo.extend(parents.get(current, ()))
+    return total, count
+
+
 def _postgres_ticks() -> int:
     total = 0
     for entry in os.scandir("/proc"):
@@ -182,8 +220,10 @@ def wait_for_quiet(limit: float) -> None:
 
 @dataclass
 class CpuUse:
-    server_pct: float  # the server process, % of one core
+    server_pct: float  # the server's process tree, % of one core
     other_pct: float  # processes that are not part of the benchmark, % of the machine
+    server_cpu_s: float = 0.0  # the server's process tree, CPU seconds (user + system)
+    server_processes: int = 1  # processes in that tree at the end (uvicorn workers + 1)
 
 
 class CpuMeter:
@@ -191,28 +231,32 @@ class CpuMeter:
 
     Foreign load (another test suite, a build) on a 2-core machine moves the
     figures a lot; it is measured so that a disturbed run can be told apart.
-    Ours are the server, wrk and this script (reaped children), and PostgreSQL's
-    processes (part of the system under test on the postgres target).
+    Ours are the server and its child processes, wrk and this script (reaped
+    children), and PostgreSQL's processes (part of the system under test on the
+    postgres target).
     """
 
     def __init__(self, server_pid: int) -> None:
         self.pid = server_pid
         self.start = time.monotonic()
         self.machine = _machine_ticks()
-        self.server = _process_ticks(server_pid)
+        self.server = _tree_ticks(server_pid)[0]
         self.postgres = _postgres_ticks()
         self.own = _own_ticks()
 
     def stop(self) -> CpuUse:
         elapsed = time.monotonic() - self.start
         busy, total = _machine_ticks()
-        server = _process_ticks(self.pid) - self.server
+        server_ticks, processes = _tree_ticks(self.pid)
+        server = server_ticks - self.server
         postgres = _postgres_ticks() - self.postgres
         own = _own_ticks() - self.own
         foreign = (busy - self.machine[0]) - server - postgres - own
         return CpuUse(
             server_pct=round(100 * server / CLOCK_TICKS / elapsed, 1),
             other_pct=round(max(0.0, 100 * foreign / max(1, total - self.machine[1])), 1),
+            server_cpu_s=server / CLOCK_TICKS,
+            server_processes=processes,
         )
 
 
@@ -487,18 +531,31 @@ def add_wait_quiet(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_run_options(parser: argparse.ArgumentParser) -> None:
-    """--keep-db, --keep-temp, --wrk, --json."""
+def add_run_options(parser: argparse.ArgumentParser, *, json_path: bool = False) -> None:
+    """--keep-db, --keep-temp, --wrk, --json; with `json_path`, --json takes an
+    optional PATH (args.json is then None, "-" for stdout, or the path)."""
     parser.add_argument("--keep-db", action="store_true", help="keep the PostgreSQL database")
     parser.add_argument("--keep-temp", action="store_true", help="keep the temporary directory")
     parser.add_argument("--wrk", default="wrk", help="the wrk binary")
-    parser.add_argument(
-        "--json", action="store_true", help="print the results as JSON instead of a table"
-    )
+    if json_path:
+        parser.add_argument(
+            "--json",
+            nargs="?",
+            const="-",
+            metavar="PATH",
+            help="also write the results as JSON to PATH; --json alone (or PATH -): "
+            "print the JSON instead of the table",
+        )
+    else:
+        parser.add_argument(
+            "--json", action="store_true", help="print the results as JSON instead of a table"
+        )
 
 
 def check_common(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if args.connections < args.threads:
+    # A list when the script measures several connection counts (receive.py).
+    connections = args.connections
+    if min(connections if isinstance(connections, list) else [connections]) < args.threads:
         parser.error("--connections must be >= --threads")
     if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", args.pg_database):
         parser.error("--pg-database must be a plain lower-case identifier")

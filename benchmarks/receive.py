@@ -1,13 +1,27 @@
-"""Receive throughput: onceonly against a bare Starlette endpoint, measured with wrk.
+"""Receive throughput: onceonly against bare Starlette endpoints, measured with wrk.
 
 One run measures, one after the other, with the same wrk settings and the same
-request bytes:
+request bytes, every target at every --connections count (default 8, 32, 128):
 
-  bare      benchmarks/bare_app.py: Starlette under uvicorn, POST reads the body
-            and answers 200 JSON (no verification, no database);
+  lean      benchmarks/bare_app.py's lean app: Starlette under uvicorn, one fixed
+            route, POST /webhooks/stripe, that awaits the body and answers an
+            empty 200 (no JSON). The reference the goal is stated against;
+  bare      benchmarks/bare_app.py's bare app: POST /webhooks/{provider} reads
+            the body and answers 200 JSON (no verification, no database). The
+            reference of older figures, kept as a second ratio;
   sqlite    `onceonly serve` on a fresh SQLite file in a temporary directory;
   postgres  `onceonly serve` on a fresh PostgreSQL database (dropped and created
-            for the run, dropped again at exit unless --keep-db).
+            for each measurement, dropped again at exit unless --keep-db).
+
+The connection counts are the outer loop: at each count the targets run back
+to back, so each ratio compares measurements a minute or so apart. Every
+measurement starts a fresh server (and, for onceonly, a fresh database).
+
+--workers N (N > 1) runs every server with N processes: `onceonly serve
+--workers N` on PostgreSQL, and uvicorn's --workers N for lean and bare, so the
+ratios compare the same process count. onceonly on SQLite refuses more than one
+serve process: with --workers > 1 the sqlite target is left out, and the
+report says so.
 
 Every request is a distinct Stripe event (unique `evt_` id) with a valid
 Stripe-Signature, signed ahead of time into a file that benchmarks/receive.lua
@@ -22,15 +36,28 @@ non-2xx answer, no socket error, no event sent twice. Since every id is sent
 once, this equality also proves each 2xx answer was a fresh insert. A failed
 check is printed in capitals and makes the exit status 1.
 
-The table also shows the server process's CPU use during the measurement (% of
-one core: near 100% means the event loop is the limit) and the CPU used by
-anything outside the benchmark (% of the machine). Before each target the script
-waits (--wait-quiet) for the machine to be nearly idle; foreign load above 10%
+The table has one row per target and connection count: requests/s, latency,
+the ratio to lean and to bare at the same connection count, and the server's
+CPU per request: the CPU time (user + system, from /proc/<pid>/stat) of the
+server process and all its children (its worker processes) during the
+measurement, divided by the requests answered, in microseconds. Then the
+server's CPU use (% of one core, summed over its processes: near 100% with one
+process means the event loop is the limit) and the CPU used by anything outside
+the benchmark (% of the machine). Before each measurement the script waits
+(--wait-quiet) for the machine to be nearly idle; foreign load above 10%
 during a measurement is reported as a warning: the figures are then unreliable.
 
 The project's goal (2-core machine, 32 connections): onceonly >= 50% of the
-bare endpoint's requests/s on SQLite and on PostgreSQL, with p99 <= 25 ms.
-Missing the goal is reported, not an error.
+lean endpoint's requests/s on SQLite and on PostgreSQL, with p99 <= 25 ms. It
+is checked on the 32-connection measurements (not at all without 32 in
+--connections or without the lean target). Missing the goal is reported, not
+an error.
+
+The report starts with where it came from: date (UTC), git commit of this
+checkout (+dirty when tracked files differ from it), Python, CPU model and
+count, and the exact command line. --json PATH also writes that, the settings,
+the versions and every result to PATH; --json alone prints the JSON instead of
+the table.
 
 wrk and the servers share the machine's cores: keep --threads 1 on 2 cores.
 Needs wrk (apt-get install wrk) and, for the postgres target, a PostgreSQL
@@ -50,11 +77,14 @@ import math
 import os
 import platform
 import secrets
+import shlex
 import sqlite3
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -87,9 +117,14 @@ LUA_SCRIPT = HERE / "receive.lua"
 BARE_APP = HERE / "bare_app.py"
 PATH = "/webhooks/stripe"
 SECRET = "whsec_onceonly_benchmark_secret"
-TARGETS = ("bare", "sqlite", "postgres")
+TARGETS = ("lean", "bare", "sqlite", "postgres")
+ONCEONLY_TARGETS = ("sqlite", "postgres")
+# The bare_app.py app each baseline target runs.
+BASELINE_APPS = {"lean": "lean", "bare": "bare"}
+DEFAULT_CONNECTIONS = (8, 32, 128)
 GOAL_RATIO = 0.50
 GOAL_P99_MS = 25.0
+GOAL_CONNECTIONS = 32
 STRIPE_TOLERANCE_S = 300
 RESULT_PREFIX = "RECEIVE_RESULT "
 
@@ -290,6 +325,8 @@ def check_rows(phase: str, rows: int, run: WrkResult, connections: int) -> RowCh
 @dataclass
 class TargetResult:
     target: str
+    connections: int
+    workers: int
     database: str | None
     requests: int
     duration_s: float
@@ -302,8 +339,12 @@ class TargetResult:
     socket_errors: int
     warmup_requests_per_s: float
     warmup_non_2xx: int
-    server_cpu_pct: float
+    server_cpu_pct: float  # the server's process tree, % of one core
     other_cpu_pct: float
+    server_cpu_s: float  # the server's process tree, user + system
+    server_processes: int
+    cpu_us_per_request: float | None  # server_cpu_s / requests
+    ratio_vs_lean: float | None = None
     ratio_vs_bare: float | None = None
     warnings: list[str] = field(default_factory=list)
     row_checks: list[RowCheck] = field(default_factory=list)
@@ -315,9 +356,14 @@ class TargetResult:
         return not self.problems and all(c.ok for c in self.row_checks)
 
     def goal_met(self) -> bool | None:
-        if self.target == "bare" or self.ratio_vs_bare is None:
+        """None where the goal does not apply: baselines, other connection counts."""
+        if (
+            self.target not in ONCEONLY_TARGETS
+            or self.connections != GOAL_CONNECTIONS
+            or self.ratio_vs_lean is None
+        ):
             return None
-        return self.ratio_vs_bare >= GOAL_RATIO and self.p99_ms <= GOAL_P99_MS
+        return self.ratio_vs_lean >= GOAL_RATIO and self.p99_ms <= GOAL_P99_MS
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -331,13 +377,34 @@ class TargetResult:
 class Settings:
     duration: int
     warmup: int
-    connections: int
+    connections: list[int]
     threads: int
+    workers: int
     events: int
     wrk: str
     pg_admin_url: str
     pg_database: str
     wait_quiet: int
+
+
+def server_command(
+    target: str, port: int, database_url: str | None, workers: int
+) -> tuple[list[str], dict[str, str], tuple[str, str, bytes | None]]:
+    """The server's argv, environment and readiness request for `target`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEONLY_")}
+    # uvicorn reads its default worker count from there: only --workers decides.
+    env.pop("WEB_CONCURRENCY", None)
+    with_workers = ["--workers", str(workers)] if workers > 1 else []
+    if target in BASELINE_APPS:
+        argv = [sys.executable, str(BARE_APP), "--host", "127.0.0.1", "--port", str(port)]
+        argv += ["--app", BASELINE_APPS[target], *with_workers]
+        return argv, env, ("POST", PATH, b"{}")
+    assert database_url is not None
+    env["ONCEONLY_STRIPE_SECRET"] = SECRET
+    env["ONCEONLY_DATABASE_URL"] = database_url
+    argv = [sys.executable, "-m", "onceonly.cli", "serve", "--host", "127.0.0.1"]
+    argv += ["--port", str(port), "--log-level", "warning", "--no-access-log", *with_workers]
+    return argv, env, ("GET", "/healthz", None)
 
 
 def measure(
@@ -347,20 +414,12 @@ def measure(
     workdir: Path,
     requests: RequestsFile,
     database_url: str | None,
+    connections: int,
 ) -> TargetResult:
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEONLY_")}
-    ready: tuple[str, str, bytes | None]
-    if target == "bare":
-        argv = [sys.executable, str(BARE_APP), "--host", "127.0.0.1", "--port", str(port)]
-        ready = ("POST", PATH, b"{}")
-    else:
-        assert database_url is not None
-        env["ONCEONLY_STRIPE_SECRET"] = SECRET
-        env["ONCEONLY_DATABASE_URL"] = database_url
-        argv = [sys.executable, "-m", "onceonly.cli", "serve", "--host", "127.0.0.1"]
-        argv += ["--port", str(port), "--log-level", "warning", "--no-access-log"]
-        ready = ("GET", "/healthz", None)
+    workers = settings.workers
+    argv, env, ready = server_command(target, port, database_url, workers)
+    name = f"{target}-c{connections}"
 
     # Disjoint slices: [0, split) warms up, [split, events) is measured.
     total = settings.warmup + settings.duration
@@ -377,26 +436,28 @@ def measure(
             first,
             last,
             duration=duration,
-            connections=settings.connections,
+            connections=connections,
             threads=settings.threads,
         )
 
-    with server(procs, target, argv, port=port, env=env, cwd=workdir, ready=ready) as srv:
-        log(f"[{target}] server pid {srv.proc.pid} on port {port}")
+    with server(procs, name, argv, port=port, env=env, cwd=workdir, ready=ready) as srv:
+        log(f"[{name}] server pid {srv.proc.pid} on port {port}")
         warm: WrkResult | None = None
         if settings.warmup:
-            log(f"[{target}] warm-up {settings.warmup} s")
+            log(f"[{name}] warm-up {settings.warmup} s")
             warm = wrk("warm-up", settings.warmup)
-        log(f"[{target}] measuring {settings.duration} s")
+        log(f"[{name}] measuring {settings.duration} s")
         meter = CpuMeter(srv.proc.pid)
         run = wrk("measured", settings.duration)
         cpu = meter.stop()
         if srv.proc.poll() is not None:
-            raise BenchmarkError(f"{target} server died during the run:\n{srv.log_tail()}")
+            raise BenchmarkError(f"{name} server died during the run:\n{srv.log_tail()}")
     # The server has shut down gracefully: every event it took is committed.
 
     result = TargetResult(
         target=target,
+        connections=connections,
+        workers=workers,
         database=database_url,
         requests=run.requests,
         duration_s=round(run.duration_s, 3),
@@ -411,7 +472,17 @@ def measure(
         warmup_non_2xx=warm.non_2xx if warm else 0,
         server_cpu_pct=cpu.server_pct,
         other_cpu_pct=cpu.other_pct,
+        server_cpu_s=round(cpu.server_cpu_s, 3),
+        server_processes=cpu.server_processes,
+        cpu_us_per_request=(
+            round(cpu.server_cpu_s * 1e6 / run.requests, 1) if run.requests else None
+        ),
     )
+    if workers > 1 and cpu.server_processes <= workers:
+        result.warnings.append(
+            f"{cpu.server_processes} server process(es) at the end of the measurement, "
+            f"expected {workers} workers and their supervisor"
+        )
     if warning := foreign_load_warning(cpu.other_pct):
         result.warnings.append(warning)
     for phase, phase_run in (("warm-up", warm), ("measured", run)):
@@ -430,8 +501,8 @@ def measure(
         total_rows, (warm_rows, run_rows) = count_rows(database_url, ranges)
         result.total_rows = total_rows
         if warm is not None:
-            result.row_checks.append(check_rows("warm-up", warm_rows, warm, settings.connections))
-        result.row_checks.append(check_rows("measured", run_rows, run, settings.connections))
+            result.row_checks.append(check_rows("warm-up", warm_rows, warm, connections))
+        result.row_checks.append(check_rows("measured", run_rows, run, connections))
         if total_rows != warm_rows + run_rows:
             result.problems.append(
                 f"{total_rows - warm_rows - run_rows} rows in the table that this run never sent"
@@ -441,6 +512,80 @@ def measure(
 
 # ---------------------------------------------------------------------------
 # Report
+
+
+def cpu_model() -> tuple[str | None, int]:
+    """The CPU's model name and the number of CPUs, from /proc/cpuinfo."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return platform.processor() or None, os.cpu_count() or 0
+    model: str | None = None
+    count = 0
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "processor":
+            count += 1
+        # "model name" on x86; ARM kernels give "Model" or "Hardware" instead.
+        elif key in ("model name", "Model", "Hardware") and value and model is None:
+            model = value
+    return model, count or os.cpu_count() or 0
+
+
+def git_commit() -> str | None:
+    """This checkout's commit, short, "+dirty" when tracked files differ from it."""
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["git", "-C", str(HERE), *args], capture_output=True, text=True, check=False
+        )
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        if head.returncode != 0:
+            return None
+        status = git("status", "--porcelain", "--untracked-files=no")
+    except OSError:  # no git
+        return None
+    dirty = status.returncode != 0 or bool(status.stdout.strip())
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def command_line(argv: Sequence[str] | None) -> str:
+    """The command as it was typed (the interpreter's own argv), quoted for a shell."""
+    if argv is not None:  # called from Python
+        return shlex.join(["python", "benchmarks/receive.py", *argv])
+    try:
+        raw = Path("/proc/self/cmdline").read_bytes()
+        parts = [p.decode(errors="replace") for p in raw.rstrip(b"\0").split(b"\0")]
+    except OSError:
+        parts = [sys.executable, *sys.argv]
+    return shlex.join(parts)
+
+
+def run_header(argv: Sequence[str] | None) -> dict[str, Any]:
+    model, count = cpu_model()
+    return {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "git": git_commit(),
+        "python": f"{platform.python_version()} ({platform.python_implementation()})",
+        "cpu_model": model,
+        "cpu_count": count,
+        "usable_cpus": len(os.sched_getaffinity(0)),
+        "command": command_line(argv),
+    }
+
+
+def header_lines(header: dict[str, Any]) -> list[str]:
+    cpus = f"{header['cpu_count']} CPUs"
+    if header["usable_cpus"] != header["cpu_count"]:
+        cpus += f" ({header['usable_cpus']} usable)"
+    return [
+        f"receive benchmark, {header['date']}, git {header['git'] or 'n/a'}, "
+        f"Python {header['python']}, CPU {header['cpu_model'] or 'unknown'}, {cpus}",
+        f"command: {header['command']}",
+    ]
 
 
 def environment(settings: Settings, targets: Sequence[str]) -> dict[str, Any]:
@@ -462,77 +607,164 @@ def environment(settings: Settings, targets: Sequence[str]) -> dict[str, Any]:
     return env
 
 
-def print_table(results: Sequence[TargetResult], settings: Settings, env: dict[str, Any]) -> None:
+def check_serve_workers() -> None:
+    """`onceonly serve` must take --workers: fail before any measurement if not."""
+    found = subprocess.run(
+        [sys.executable, "-m", "onceonly.cli", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if found.returncode != 0 or "--workers" not in found.stdout:
+        raise BenchmarkError(
+            "this onceonly's `serve` has no --workers option; run without --workers "
+            "or against a tree that has it (PYTHONPATH=<tree>/src)"
+        )
+
+
+def goal_lines(results: Sequence[TargetResult], settings: Settings) -> list[str]:
+    goal = (
+        f"goal at {GOAL_CONNECTIONS} connections: onceonly >= {GOAL_RATIO:.0%} of lean "
+        f"requests/s and p99 <= {GOAL_P99_MS:g} ms"
+    )
+    if GOAL_CONNECTIONS not in settings.connections:
+        return [f"{goal}: not checked ({GOAL_CONNECTIONS} not in --connections)"]
+    at_goal = [r for r in results if r.connections == GOAL_CONNECTIONS]
+    if not any(r.target == "lean" for r in at_goal):
+        return [f"{goal}: not checked (lean not measured)"]
+    verdicts = []
+    for r in at_goal:
+        met = r.goal_met()
+        if met is None:
+            continue
+        ratio = f"{r.ratio_vs_lean:.0%}" if r.ratio_vs_lean is not None else "-"
+        verdicts.append(f"{r.target} {'met' if met else 'MISSED'} ({ratio}, p99 {r.p99_ms:.1f} ms)")
+    return [f"{goal}: {'; '.join(verdicts) or 'no onceonly target measured'}"]
+
+
+def _ratio(value: float | None) -> str:
+    return f"{value:.0%}" if value is not None else "-"
+
+
+def print_table(
+    results: Sequence[TargetResult],
+    settings: Settings,
+    env: dict[str, Any],
+    header: dict[str, Any],
+    notes: Sequence[str],
+) -> None:
+    print()
+    for line in header_lines(header):
+        print(line)
+    connections = ",".join(str(c) for c in settings.connections)
+    workers = f"{settings.workers} server processes" if settings.workers > 1 else "1 server process"
     print(
-        f"\nreceive benchmark: wrk -t{settings.threads} -c{settings.connections} "
-        f"-d{settings.duration}s after a {settings.warmup} s warm-up; "
-        f"{env['cpus']} CPUs; Python {env['python']}, uvicorn {env['uvicorn']}, "
-        f"uvloop {env['uvloop']}, httptools {env['httptools']}; {env['wrk']}"
+        f"wrk -t{settings.threads} -c{connections} -d{settings.duration}s after a "
+        f"{settings.warmup} s warm-up; {workers}; uvicorn {env['uvicorn']}, "
+        f"uvloop {env['uvloop']}, httptools {env['httptools']}, starlette {env['starlette']}; "
+        f"{env['wrk']}"
     )
     if "onceonly_path" in env:
         print(
             f"onceonly from {env['onceonly_path']} (git {env['onceonly_git'] or 'n/a'}), "
             f"SQLite {env['sqlite']}, PostgreSQL {env.get('postgresql', 'n/a')}"
         )
-    header = (
-        f"{'target':<10}{'requests/s':>11}{'p50 ms':>8}{'p99 ms':>8}{'non-2xx':>8}"
-        f"{'vs bare':>8}{'srv CPU':>8}{'other':>7}  {'checks':<8}{'goal':<6}"
+    for note in notes:
+        print(f"note: {note}")
+    columns = (
+        f"{'target':<10}{'conns':>6}{'requests/s':>11}{'p50 ms':>8}{'p99 ms':>8}{'non-2xx':>8}"
+        f"{'vs lean':>8}{'vs bare':>8}{'µs/req':>8}{'srv CPU':>8}{'other':>7}"
+        f"  {'checks':<8}{'goal':<6}"
     )
-    print(header)
-    print("-" * len(header))
+    print(columns)
+    print("-" * len(columns))
     for r in results:
-        ratio = f"{r.ratio_vs_bare:.0%}" if r.ratio_vs_bare is not None else "-"
         check = ("OK" if r.ok else "FAILED") if r.database is not None or not r.ok else "-"
         goal = {None: "-", True: "met", False: "MISSED"}[r.goal_met()]
+        cpu = f"{r.cpu_us_per_request:.0f}" if r.cpu_us_per_request is not None else "-"
         print(
-            f"{r.target:<10}{r.requests_per_s:>11,.0f}{r.p50_ms:>8.2f}{r.p99_ms:>8.2f}"
-            f"{r.non_2xx:>8}{ratio:>8}{r.server_cpu_pct:>7.0f}%{r.other_cpu_pct:>6.0f}%"
-            f"  {check:<8}{goal:<6}"
+            f"{r.target:<10}{r.connections:>6}{r.requests_per_s:>11,.0f}{r.p50_ms:>8.2f}"
+            f"{r.p99_ms:>8.2f}{r.non_2xx:>8}{_ratio(r.ratio_vs_lean):>8}"
+            f"{_ratio(r.ratio_vs_bare):>8}{cpu:>8}{r.server_cpu_pct:>7.0f}%"
+            f"{r.other_cpu_pct:>6.0f}%  {check:<8}{goal:<6}"
         )
+    for line in goal_lines(results, settings):
+        print(line)
+    print("vs lean, vs bare: requests/s against that baseline at the same connection count")
     print(
-        f"goal: onceonly >= {GOAL_RATIO:.0%} of bare requests/s and p99 <= {GOAL_P99_MS:g} ms. "
-        "srv CPU: server process, % of one core; other: CPU used by anything outside "
-        "the benchmark, % of the machine"
+        "µs/req: CPU time (user + system) of the server and its child processes per request "
+        "answered;\nsrv CPU: the same, % of one core; other: CPU used by anything outside the "
+        "benchmark, % of the machine"
     )
     for r in results:
         for c in r.row_checks:
             verdict = "OK" if c.ok else "FAILED"
             print(
-                f"rows {r.target} {c.phase}: {c.rows} rows = {c.ok_2xx} answered 2xx "
-                f"+ {c.in_flight} in flight at wrk's stop (sent {c.sent}, resent {c.wraps}): "
-                f"{verdict}"
+                f"rows {r.target} c{r.connections} {c.phase}: {c.rows} rows = {c.ok_2xx} "
+                f"answered 2xx + {c.in_flight} in flight at wrk's stop (sent {c.sent}, "
+                f"resent {c.wraps}): {verdict}"
             )
         if r.total_rows is not None:
-            print(f"rows {r.target} table total: {r.total_rows}")
+            print(f"rows {r.target} c{r.connections} table total: {r.total_rows}")
     print_problems(results, sys.stdout)
 
 
 def print_problems(results: Sequence[TargetResult], out: IO[str]) -> None:
     for r in results:
+        where = f"{r.target} c{r.connections}"
         for warning in r.warnings:
-            print(f"!!! WARNING [{r.target}]: {warning}", file=out)
+            print(f"!!! WARNING [{where}]: {warning}", file=out)
         for problem in r.problems + [p for c in r.row_checks for p in c.problems]:
-            print(f"!!! CHECK FAILED [{r.target}]: {problem.upper()}", file=out)
+            print(f"!!! CHECK FAILED [{where}]: {problem.upper()}", file=out)
 
 
 # ---------------------------------------------------------------------------
 # Main
 
 
+def connection_counts(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of integers: {text!r}"
+        ) from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"connection counts must be >= 1: {text!r}")
+    return list(dict.fromkeys(counts))  # each once, in the order given
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = parser_for("python benchmarks/receive.py", __doc__)
-    parser.add_argument("--duration", type=int, default=10, help="seconds measured per target")
+    parser.add_argument(
+        "--duration", type=int, default=10, help="seconds measured per target and connection count"
+    )
     parser.add_argument(
         "--warmup", type=int, default=2, help="seconds of load before each measurement (0: none)"
     )
-    parser.add_argument("--connections", type=int, default=32, help="wrk connections (-c)")
+    parser.add_argument(
+        "--connections",
+        type=connection_counts,
+        default=",".join(str(c) for c in DEFAULT_CONNECTIONS),
+        metavar="N,N,...",
+        help="wrk connections (-c): every target is measured at each of these counts",
+    )
     parser.add_argument(
         "--threads", type=int, default=1, help="wrk threads (-t); each gets its own events"
     )
     parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="server processes: `onceonly serve --workers N` and uvicorn --workers N for "
+        "lean and bare; above 1, the sqlite target is left out (SQLite takes one serve "
+        "process)",
+    )
+    parser.add_argument(
         "--targets",
         default=",".join(TARGETS),
-        help="comma-separated subset of bare,sqlite,postgres",
+        help=f"comma-separated subset of {','.join(TARGETS)}",
     )
     parser.add_argument(
         "--events",
@@ -545,24 +777,37 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--pg-database",
         default="onceonly_bench",
-        help="database dropped and created for the run",
+        help="database dropped and created for each measurement",
     )
     add_wait_quiet(parser)
-    add_run_options(parser)
+    add_run_options(parser, json_path=True)
     args = parser.parse_args(argv)
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     if not targets or any(t not in TARGETS for t in targets):
         parser.error(f"--targets takes a comma-separated subset of {','.join(TARGETS)}")
     args.targets = [t for t in TARGETS if t in targets]
+    args.notes = []
+    if args.workers > 1 and "sqlite" in args.targets:
+        args.targets.remove("sqlite")
+        args.notes.append(
+            f"sqlite left out: onceonly serve on SQLite refuses --workers {args.workers}; "
+            "onceonly measured on postgres only"
+            if "postgres" in args.targets
+            else f"sqlite left out: onceonly serve on SQLite refuses --workers {args.workers}"
+        )
+        if not args.targets:
+            parser.error("with --workers > 1 the sqlite target cannot run; pick others")
     if (
         args.duration < 1
         or args.warmup < 0
         or args.threads < 1
+        or args.workers < 1
         or args.events < 0
         or args.wait_quiet < 0
     ):
         parser.error(
-            "needs --duration >= 1, --warmup >= 0, --threads >= 1, --events, --wait-quiet >= 0"
+            "needs --duration >= 1, --warmup >= 0, --threads >= 1, --workers >= 1, "
+            "--events >= 0, --wait-quiet >= 0"
         )
     check_common(parser, args)
     return args
@@ -583,29 +828,61 @@ class Run(Workspace):
         path = self.workdir / "requests.txt"
         log(f"signing {settings.events:,} events into {path}")
         requests = write_requests(path, settings.events, SECRET)
-        for target in self.args.targets:
-            if settings.wait_quiet:
-                wait_for_quiet(settings.wait_quiet)
-            # Timestamps must stay inside Stripe's 300 s tolerance until the end.
-            if requests.age() + seconds + 60 > STRIPE_TOLERANCE_S:
-                log("re-signing the events with a fresh timestamp")
-                requests = write_requests(path, settings.events, SECRET)
-            database_url: str | None = None
-            if target == "sqlite":
-                database_url = f"sqlite:///{self.workdir / 'onceonly.db'}"
-            elif target == "postgres":
-                database_url = self.recreate_db()
-            self.results.append(
-                measure(self.procs, settings, target, self.workdir, requests, database_url)
-            )
-        bare = next((r for r in self.results if r.target == "bare"), None)
-        if bare is not None and bare.requests_per_s:
-            for r in self.results:
-                r.ratio_vs_bare = round(r.requests_per_s / bare.requests_per_s, 3)
+        for connections in settings.connections:
+            for target in self.args.targets:
+                if settings.wait_quiet:
+                    wait_for_quiet(settings.wait_quiet)
+                # Timestamps must stay inside Stripe's 300 s tolerance until the end.
+                if requests.age() + seconds + 60 > STRIPE_TOLERANCE_S:
+                    log("re-signing the events with a fresh timestamp")
+                    requests = write_requests(path, settings.events, SECRET)
+                # A fresh database per measurement: the row checks count what this
+                # measurement sent, and the table's size stays the same for each.
+                database_url: str | None = None
+                if target == "sqlite":
+                    database_url = f"sqlite:///{self.workdir / f'onceonly-c{connections}.db'}"
+                elif target == "postgres":
+                    database_url = self.recreate_db()
+                self.results.append(
+                    measure(
+                        self.procs,
+                        settings,
+                        target,
+                        self.workdir,
+                        requests,
+                        database_url,
+                        connections,
+                    )
+                )
+        for r in self.results:
+            same = {b.target: b for b in self.results if b.connections == r.connections}
+            for baseline in BASELINE_APPS:
+                base = same.get(baseline)
+                if base is not None and base.requests_per_s:
+                    ratio = round(r.requests_per_s / base.requests_per_s, 3)
+                    setattr(r, f"ratio_vs_{baseline}", ratio)
+
+
+def write_json(path: str, report: dict[str, Any]) -> None:
+    text = json.dumps(report, indent=2)
+    if path == "-":
+        print(text)
+        return
+    try:
+        Path(path).write_text(text + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise BenchmarkError(f"cannot write --json {path}: {exc}") from exc
+    log(f"results written to {path}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    header = run_header(argv)
+    # On stderr first, with the progress lines; on stdout again above the table.
+    for line in header_lines(header):
+        log(line)
+    for note in args.notes:
+        log(f"note: {note}")
     wrk = find_wrk(args.wrk)
     if wrk is None:
         return 2
@@ -614,6 +891,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         warmup=args.warmup,
         connections=args.connections,
         threads=args.threads,
+        workers=args.workers,
         events=args.events or max(300_000, 25_000 * (args.warmup + args.duration)),
         wrk=wrk,
         pg_admin_url=args.pg_admin_url,
@@ -625,6 +903,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = Run(settings, args)
     try:
         env = environment(settings, args.targets)
+        if settings.workers > 1 and "postgres" in args.targets:
+            check_serve_workers()
         run.measure_all()
     except BenchmarkError as exc:
         log(f"error: {exc}")
@@ -636,18 +916,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         run.cleanup()
 
     ok = all(r.ok for r in run.results)
+    if args.json != "-":
+        print_table(run.results, settings, env, header, args.notes)
     if args.json:
         report = {
+            "header": header,
             "settings": {k: v for k, v in asdict(settings).items() if k != "wrk"},
             "environment": env,
-            "goal": {"ratio_vs_bare": GOAL_RATIO, "p99_ms": GOAL_P99_MS},
+            "notes": args.notes,
+            "goal": {
+                "ratio_vs_lean": GOAL_RATIO,
+                "p99_ms": GOAL_P99_MS,
+                "connections": GOAL_CONNECTIONS,
+                "summary": goal_lines(run.results, settings),
+            },
             "results": [r.to_dict() for r in run.results],
             "ok": ok,
         }
-        print(json.dumps(report, indent=2))
-        print_problems(run.results, sys.stderr)
-    else:
-        print_table(run.results, settings, env)
+        try:
+            write_json(args.json, report)
+        except BenchmarkError as exc:
+            log(f"error: {exc}")
+            return 2
+        if args.json == "-":
+            print_problems(run.results, sys.stderr)
     if not ok:
         log("!!! ONE OR MORE CHECKS FAILED: SEE ABOVE")
     return 0 if ok else 1

@@ -19,15 +19,25 @@ def scripts(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, ModuleType]]:
     import _load
     import cost_curve
     import purge_stall
+    import receive
     import worker_peers
 
     yield {
         "cost_curve": cost_curve,
         "purge_stall": purge_stall,
+        "receive": receive,
         "worker_peers": worker_peers,
         "_load": _load,
     }
-    for name in ("_load", "_prefill", "cost_curve", "purge_stall", "worker_peers", "receive"):
+    for name in (
+        "_load",
+        "_prefill",
+        "_harness",
+        "cost_curve",
+        "purge_stall",
+        "worker_peers",
+        "receive",
+    ):
         sys.modules.pop(name, None)
 
 
@@ -73,3 +83,31 @@ def test_longest_gap_is_the_longest_time_without_a_response(
     # A window with no completion at all is one stall as long as the window.
     assert load.longest_gap(samples, 0.1, 0.2) == pytest.approx(0.1)
     assert load.percentile([5.0, 1.0, 3.0, 2.0, 4.0], 50) == 3.0
+
+
+def test_receive_options(scripts: dict[str, ModuleType]) -> None:
+    parse = scripts["receive"].parse_args
+    args = parse([])
+    assert args.connections == [8, 32, 128]
+    assert args.targets == ["lean", "bare", "sqlite", "postgres"]
+    assert (args.workers, args.json, args.notes) == (1, None, [])
+    assert parse(["--connections", "32,8,32", "--targets", "postgres,lean"]).connections == [
+        32,
+        8,
+    ]
+    # --json alone: JSON on stdout instead of the table; with a path: a file besides.
+    assert parse(["--json"]).json == "-"
+    assert parse(["--json", "out.json"]).json == "out.json"
+    # SQLite takes one serve process: with workers, onceonly runs on PostgreSQL only.
+    args = parse(["--workers", "2"])
+    assert args.targets == ["lean", "bare", "postgres"]
+    assert "sqlite left out" in args.notes[0]
+    for bad in (
+        ["--connections", "8,many"],
+        ["--connections", "0"],
+        ["--connections", "8", "--threads", "16"],
+        ["--workers", "0"],
+        ["--workers", "2", "--targets", "sqlite"],
+    ):
+        with pytest.raises(SystemExit):
+            parse(bad)
