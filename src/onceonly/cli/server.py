@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -20,14 +22,29 @@ from .options import (
 )
 
 if TYPE_CHECKING:
+    from ..asgi import ASGIApp
     from ..config import Onceonly
     from ..worker import Worker
 
-__all__ = ["run_worker", "serve", "worker"]
+__all__ = ["run_worker", "serve", "serve_process_app", "worker"]
 
 
 #: How often (seconds) a thread holding the GIL is asked to hand it over.
 SWITCH_INTERVAL_S = 0.0002
+
+#: How ``serve --workers N`` hands its options to the processes uvicorn
+#: spawns: they inherit the environment, and uvicorn only takes an import
+#: string (:func:`serve_process_app`) as the app of several processes.
+PROCESS_SPEC_ENV = "_ONCEONLY_SERVE_PROCESS"
+
+SQLITE_ONE_PROCESS = (
+    "--workers {n} needs PostgreSQL; this store is SQLite ({url}). SQLite allows one "
+    "writer per database file, and serve's group commit already batches the inserts "
+    "of every connection inside its one process: {n} processes would wait on each "
+    "other for the file's lock (busy waits) instead of sharing a commit, so one "
+    "process is both the fastest and the safest set-up on SQLite. For more cores, "
+    "use PostgreSQL (--database-url postgresql://...)."
+)
 
 
 @click.command()
@@ -55,6 +72,17 @@ SWITCH_INTERVAL_S = 0.0002
     show_default=True,
     type=click.IntRange(1, 256),
     help="Handler threads of the in-process worker.",
+)
+@click.option(
+    "--workers",
+    metavar="N",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 256),
+    help="Receiver processes sharing the port, each with its own event loop and "
+    "connection pool; a process that dies is logged and replaced. PostgreSQL only "
+    "(refused on SQLite, which has one writer per file: one process is fastest "
+    "there). About one per core; not with --worker (run `onceonly worker`).",
 )
 @click.option(
     "--metrics/--no-metrics",
@@ -90,17 +118,30 @@ def serve(
     with_metrics: bool | None,
     with_dashboard: bool,
     dashboard_path: str | None,
+    workers: int = 1,
 ) -> None:
     """Run the webhook receiver: POST /webhooks/{provider}, GET /healthz.
 
     Creates or upgrades the tables on start. If the database is down, it starts
     anyway and answers 503 with Retry-After until the database is back. Also
     serves the dashboard at /dashboard (see docs/dashboard.md).
+
+    With --workers N (PostgreSQL only), N processes answer on the same port and
+    this one supervises them: SIGTERM or Ctrl-C stops them all cleanly.
     """
     import uvicorn
 
     from ..dashboard import for_serve
+    from ..store import DatabaseURL
 
+    if workers > 1 and with_worker:
+        # In the supervising process its metrics would be on no page, and in
+        # one of the N it would stop and start with that process: a separate
+        # `onceonly worker` is the set-up that has more than one process.
+        raise click.UsageError(
+            "--worker runs a worker inside a one-process server; with --workers, "
+            "run `onceonly worker` as its own process instead."
+        )
     changes: dict[str, Any] = {}
     if with_metrics is not None:
         changes["metrics"] = with_metrics
@@ -109,6 +150,8 @@ def serve(
     if not with_dashboard:
         changes["dashboard_path"] = None
     app = load(app_spec, database_url, **changes)
+    if workers > 1 and DatabaseURL.parse(app.database_url).kind == "sqlite":
+        raise click.UsageError(SQLITE_ONE_PROCESS.format(n=workers, url=app.store.url))
     if not app.providers:
         errors.print(
             "[yellow]warning:[/yellow] no provider configured: every delivery will get 404. "
@@ -119,10 +162,46 @@ def serve(
         f"providers: {', '.join(sorted(app.providers)) or 'none'}"
     )
     configure_logging(log_level, log_format)
-    server = for_serve(app, app.asgi(), host=host, port=port)
     # JSON: uvicorn's own loggers go through the root handler too, instead of
     # its text configuration.
     log_config: dict[str, Any] = {"log_config": None} if log_format == "json" else {}
+    if workers > 1:
+        if app.settings.metrics:
+            errors.print(
+                f"[yellow]note:[/yellow] each of the {workers} processes counts its own "
+                "metrics, and GET /metrics answers for whichever one takes the connection "
+                "(docs/operations.md)."
+            )
+        # The processes build everything again from these options: nothing
+        # built here (store, pool, loop) crosses into them.
+        os.environ[PROCESS_SPEC_ENV] = json.dumps(
+            {
+                "app_spec": app_spec,
+                "database_url": database_url,
+                "changes": changes,
+                "host": host,
+                "port": port,
+                "log_level": log_level,
+                "log_format": log_format,
+            }
+        )
+        # uvicorn binds the socket here and spawns the processes (fresh
+        # interpreters: no fork of a live pool or loop); it replaces one that
+        # dies, and SIGTERM/SIGINT here stops them all gracefully.
+        uvicorn.run(
+            f"{__name__}:serve_process_app",
+            factory=True,
+            workers=workers,
+            host=host,
+            port=port,
+            log_level=log_level,
+            access_log=access_log,
+            lifespan="on",
+            timeout_graceful_shutdown=10,
+            **log_config,
+        )
+        return
+    server = for_serve(app, app.asgi(), host=host, port=port)
 
     # The event loop and the SQLite store's thread share the GIL. With
     # CPython's default 5 ms switch interval, the store's thread, coming back
@@ -152,6 +231,23 @@ def serve(
 
     with running(app.worker(concurrency=concurrency)):
         run_server()
+
+
+def serve_process_app() -> ASGIApp:
+    """The app of one of ``serve --workers N``'s processes, built in that process.
+
+    uvicorn calls it (an app factory) in each process it spawns, with the
+    options the supervising ``serve`` left in the environment.
+    """
+    from ..dashboard import for_serve
+
+    spec = json.loads(os.environ[PROCESS_SPEC_ENV])
+    configure_logging(spec["log_level"], spec["log_format"])
+    # As in the one-process server (see there): the loop and the store's
+    # threads share the GIL of this process.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    app = load(spec["app_spec"], spec["database_url"], **spec["changes"])
+    return for_serve(app, app.asgi(), host=spec["host"], port=spec["port"])
 
 
 @click.command()

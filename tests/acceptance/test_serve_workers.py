@@ -1,0 +1,181 @@
+"""``onceonly serve --workers 2`` on PostgreSQL: two processes share the port.
+
+What the operator notices, seen from outside: deliveries sent at once over
+many connections are each stored once, more than one process answers them, a
+process that dies is replaced, and SIGTERM to the one process they started
+stops them all and exits 0. Which process holds which connection is read from
+``/proc`` (sockets are inodes there), so the server exposes nothing for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from processes import scalar, wait_for
+from support import STRIPE_SECRET, Server, stripe_delivery
+
+LISTEN, ESTABLISHED = "0A", "01"
+CLIENTS = 8
+EVENTS_PER_CLIENT = 15
+
+
+def children(pid: int) -> set[int]:
+    found: set[int] = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.add(int(stat.parent.name))
+    return found
+
+
+def sockets_of(pid: int) -> set[int]:
+    inodes: set[int] = set()
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return inodes
+    for fd in fds:
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[len("socket:[") : -1]))
+    return inodes
+
+
+def tcp_sockets(port: int, state: str) -> set[int]:
+    """Inodes of the TCP sockets whose local port is `port`, in `state`."""
+    inodes: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == state:
+                inodes.add(int(fields[9]))
+    return inodes
+
+
+def serving(server: Server) -> set[int]:
+    """The parent's children that hold the listening socket (not, say,
+    multiprocessing's resource tracker)."""
+    listening = tcp_sockets(server.port, LISTEN)
+    return {pid for pid in children(server.process.pid) if sockets_of(pid) & listening}
+
+
+def answering(server: Server, pids: set[int]) -> set[int]:
+    """Those of `pids` holding an open connection from a client."""
+    established = tcp_sockets(server.port, ESTABLISHED)
+    return {pid for pid in pids if sockets_of(pid) & established}
+
+
+def deliver_round(server: Server, round_no: int) -> tuple[set[str], set[int]]:
+    """Every event of the round sent twice, by two clients at once; the event
+    ids, and the processes that held the clients' connections."""
+    ids = [[f"evt_r{round_no}_c{c}_{i}" for i in range(EVENTS_PER_CLIENT)] for c in range(CLIENTS)]
+    clients = [httpx.Client(base_url=server.url, timeout=30) for _ in range(CLIENTS)]
+
+    def send(c: int) -> list[int]:
+        codes = []
+        for event_id in [*ids[c], *ids[(c + 1) % CLIENTS]]:
+            body, headers = stripe_delivery(event_id)
+            codes.append(clients[c].post("/webhooks/stripe", content=body, headers=headers))
+        return [r.status_code for r in codes]
+
+    try:
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            codes = [code for result in pool.map(send, range(CLIENTS)) for code in result]
+        # The clients keep their connections open (keep-alive): read who holds them.
+        holders = answering(server, serving(server))
+    finally:
+        for client in clients:
+            client.close()
+    assert codes == [200] * (2 * CLIENTS * EVENTS_PER_CLIENT)
+    return {event_id for batch in ids for event_id in batch}, holders
+
+
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+def test_two_processes_store_each_delivery_once_and_stop_together(
+    database_url: str, tmp_path: Path
+) -> None:
+    env = {**os.environ, "ONCEONLY_DATABASE_URL": database_url}
+    env["ONCEONLY_STRIPE_SECRET"] = STRIPE_SECRET
+    server = Server(env, tmp_path, "--workers", "2")
+    try:
+        wait_for("two serving processes", lambda: len(serving(server)) == 2, 20)
+        first = serving(server)
+
+        sent: set[str] = set()
+        answered: set[int] = set()
+        # The kernel hands each new connection to whichever process accepts
+        # first; a round or two spreads eight of them over both.
+        for round_no in range(5):
+            ids, holders = deliver_round(server, round_no)
+            sent |= ids
+            answered |= holders
+            if len(answered) > 1:
+                break
+        assert answered == first, f"only {answered} of {first} answered"
+
+        engine = sa.create_engine(database_url)
+        try:
+            stored = scalar(engine, "SELECT count(*) FROM onceonly_events")
+            distinct = scalar(engine, "SELECT count(DISTINCT event_id) FROM onceonly_events")
+        finally:
+            engine.dispose()
+        assert stored == distinct == len(sent)
+
+        # A process that dies is replaced; the port keeps answering meanwhile.
+        victim = min(first)
+        os.kill(victim, signal.SIGKILL)
+        wait_for(
+            "a replacement process",
+            lambda: len(serving(server)) == 2 and victim not in serving(server),
+            30,
+        )
+        body, headers = stripe_delivery("evt_after_restart")
+        assert httpx.post(f"{server.url}/webhooks/stripe", content=body, headers=headers).is_success
+        everyone = children(server.process.pid)
+    except BaseException:
+        kill_all(server, children(server.process.pid))
+        raise
+
+    started = time.monotonic()
+    try:
+        output = server.stop()
+        assert server.process.returncode == 0, output
+        assert time.monotonic() - started < 15, output
+        assert f"Child process [{victim}] died" in output
+        assert "Traceback" not in output, output
+        wait_for("its processes to be gone", lambda: not children_left(everyone), 5)
+    finally:
+        kill_all(server, children_left(everyone))
+
+
+def kill_all(server: Server, pids: set[int]) -> None:
+    """After a failure: no process is left holding the port (SIGKILL to the
+    supervisor alone would leave its children running)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if server.process.poll() is None:
+        print(server.stop(signal.SIGKILL))
+
+
+def children_left(pids: set[int]) -> set[int]:
+    return {pid for pid in pids if Path(f"/proc/{pid}").exists()}
