@@ -49,7 +49,7 @@ the median of the rounds' ratios does not depend on which target the drift
 happened to hit. Each round starts new servers and uses new keys; the
 databases are shared by the rounds.
 
-The project's goals (2-core machine, 32 connections): fresh keys >= 50% of the
+The project's goals (2-core machine, 32 connections): fresh keys >= 80% of the
 bare endpoint's requests/s; replays faster than the bare endpoint itself,
 judged on the median ratio over the rounds. Missing a goal is reported, not an
 error.
@@ -112,7 +112,8 @@ APP = HERE / "idempotency_app.py"
 PATH = "/orders"
 ENGINES = ("sqlite", "postgres")
 KINDS = ("fresh", "replay", "replay-nocache")
-GOAL_FRESH_RATIO = 0.50
+# Issue 19 raised the fresh-key goal from 0.5x to 0.8x.
+GOAL_FRESH_RATIO = 0.80
 GOAL_REPLAY_RATIO = 1.00
 RESULT_PREFIX = "IDEMPOTENCY_RESULT "
 TABLE = "onceonly_idempotency_keys"
@@ -707,7 +708,10 @@ def print_table(results: Sequence[TargetResult], settings: Settings, env: dict[s
             f"{' '.join(f'{x:.2f}' for x in summary.ratios):<{width}}"
             f"{goal_text(summary.target, median)}"
         )
-    print("goals: fresh keys >= 0.5x bare req/s; replays > 1.0x bare (median over the rounds)")
+    print(
+        f"goals: fresh keys >= {GOAL_FRESH_RATIO}x bare req/s; replays > 1.0x bare"
+        " (median over the rounds)"
+    )
     for r in results:
         for c in r.row_checks:
             verdict = "OK" if c.ok else "FAILED"

@@ -194,6 +194,33 @@ class TestWorkQueue:
             queue.mark_processed(conn, [(stale, "h")])  # the lost claim writes nothing
         assert self.status(db, id) == ("processing", 2)
 
+    async def test_a_batch_of_marks_skips_a_lost_claim_and_marks_the_others_with_their_handler(
+        self, store: Store, db: sa.Engine, queue: WorkQueue
+    ) -> None:
+        (lost,) = await self.due(store, "evt_lost")
+        (stale,) = queue.claim(db, 1, owner="dead", lease=0.1)
+        first, second = await self.due(store, "evt_a", "evt_b")
+        claimed = {c.event.id: c for c in queue.claim(db, 2, owner="w", lease=60)}
+        claimed[lost] = stale
+        await asyncio.sleep(0.3)
+        (retaken,) = queue.claim(db, 1, owner="alive", lease=60)
+        assert retaken.event.id == lost
+        with transaction(db, "test") as conn:
+            # One statement for the batch (PostgreSQL): the stale claim on
+            # evt_lost, among two that still hold, writes nothing.
+            queue.mark_processed(
+                conn,
+                [(claimed[lost], "h_lost"), (claimed[first], "h_a"), (claimed[second], "h_b")],
+            )
+        assert self.status(db, lost) == ("processing", 2)
+        with db.connect() as conn:
+            rows = dict(
+                conn.execute(
+                    sa.text("SELECT id, handler FROM onceonly_events WHERE status = 'processed'")
+                ).all()
+            )
+        assert rows == {first: "h_a", second: "h_b"}
+
     async def test_marks_processed_and_failed(
         self, store: Store, db: sa.Engine, queue: WorkQueue
     ) -> None:
