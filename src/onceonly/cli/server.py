@@ -165,6 +165,16 @@ def serve(
     # JSON: uvicorn's own loggers go through the root handler too, instead of
     # its text configuration.
     log_config: dict[str, Any] = {"log_config": None} if log_format == "json" else {}
+    # What every uvicorn.run below is given, one process or several.
+    uvicorn_options: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "log_level": log_level,
+        "access_log": access_log,
+        "lifespan": "on",
+        "timeout_graceful_shutdown": 10,
+        **log_config,
+    }
     if workers > 1:
         if app.settings.metrics:
             errors.print(
@@ -192,13 +202,7 @@ def serve(
             f"{__name__}:serve_process_app",
             factory=True,
             workers=workers,
-            host=host,
-            port=port,
-            log_level=log_level,
-            access_log=access_log,
-            lifespan="on",
-            timeout_graceful_shutdown=10,
-            **log_config,
+            **uvicorn_options,
         )
         return
     server = for_serve(app, app.asgi(), host=host, port=port)
@@ -213,16 +217,7 @@ def serve(
     sys.setswitchinterval(SWITCH_INTERVAL_S)
 
     def run_server() -> None:
-        uvicorn.run(
-            server,
-            host=host,
-            port=port,
-            log_level=log_level,
-            access_log=access_log,
-            lifespan="on",
-            timeout_graceful_shutdown=10,
-            **log_config,
-        )
+        uvicorn.run(server, **uvicorn_options)
 
     if not with_worker:
         run_server()

@@ -214,11 +214,10 @@ class TestWorkQueue:
             )
         assert self.status(db, lost) == ("processing", 2)
         with db.connect() as conn:
-            rows = dict(
-                conn.execute(
-                    sa.text("SELECT id, handler FROM onceonly_events WHERE status = 'processed'")
-                ).all()
+            processed = sa.text(
+                "SELECT id, handler FROM onceonly_events WHERE status = 'processed'"
             )
+            rows = {int(row.id): str(row.handler) for row in conn.execute(processed)}
         assert rows == {first: "h_a", second: "h_b"}
 
     async def test_marks_processed_and_failed(
