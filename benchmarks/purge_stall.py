@@ -250,7 +250,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--before", type=float, default=5.0, help="seconds of load before")
     parser.add_argument("--after", type=float, default=2.0, help="seconds of load after")
     parser.add_argument("--older-than", default="30d", help="the purge's --older-than")
-    parser.add_argument("--batch-size", type=int, default=1000, help="the purge's --batch-size")
+    parser.add_argument(
+        "--batch-size", type=int, default=250, help="the purge's --batch-size (its default)"
+    )
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds the purge may take")
     parser.add_argument(
         "--cache-templates",

@@ -11,6 +11,7 @@ import click
 from rich.table import Table
 
 from .._click import FORMAT as _FORMAT
+from ..retention import DEFAULT_PURGE_BATCH
 from ..store import create_store
 from .options import app_options, console, duration_option, fail_cleanly, load, with_store
 
@@ -88,7 +89,7 @@ def purge_keys(app_spec: str | None, database_url: str | None, fmt: str) -> None
 @click.option("--dry-run", is_flag=True, help="Count what would go; change nothing.")
 @click.option(
     "--batch-size",
-    default=1000,
+    default=DEFAULT_PURGE_BATCH,
     show_default=True,
     type=click.IntRange(1, 100_000),
     help="Rows per transaction.",
