@@ -122,7 +122,12 @@ def test_without_a_budget_the_batch_holds_the_lock_to_its_end(database_url: str)
 
     assert paid(app) == sorted(f"evt_{i}" for i in range(EVENTS))
     first, last = started[0], started[-1]
-    assert [t for t in competitor.commits if first < t < last] == []
+    # A commit is noted when the receiver's event loop resumes, which under
+    # load can come a few milliseconds after a commit made just before the
+    # batch began: one handler's time of slack. A batch that let the receiver
+    # in would show its commits all along the 1.5 s.
+    slack = HANDLER_SECONDS
+    assert [t for t in competitor.commits if first + slack < t < last] == []
     assert competitor.longest_wait >= (EVENTS - 2) * HANDLER_SECONDS
 
 
