@@ -132,7 +132,6 @@ def serve(
     import uvicorn
 
     from ..dashboard import for_serve
-    from ..store import DatabaseURL
 
     if workers > 1 and with_worker:
         # In the supervising process its metrics would be on no page, and in
@@ -150,7 +149,7 @@ def serve(
     if not with_dashboard:
         changes["dashboard_path"] = None
     app = load(app_spec, database_url, **changes)
-    if workers > 1 and DatabaseURL.parse(app.database_url).kind == "sqlite":
+    if workers > 1 and app.engine_kind == "sqlite":
         raise click.UsageError(SQLITE_ONE_PROCESS.format(n=workers, url=app.store.url))
     if not app.providers:
         errors.print(

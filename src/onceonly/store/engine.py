@@ -29,7 +29,6 @@ from .url import DatabaseURL
 from .write_lock import WriteLock
 
 __all__ = [
-    "READ_ONLY",
     "create_engine",
     "engine_kind",
     "engine_kind_of",
@@ -89,7 +88,7 @@ def create_engine(url: str, *, pool_size: int = 10) -> sa.Engine:
 
     @event.listens_for(engine, "begin")
     def _begin(connection: sa.Connection) -> None:
-        if connection.get_execution_options().get(READ_ONLY):
+        if connection.get_execution_options().get(_READ_ONLY):
             # A reader: WAL lets it read beside the writer, so it must not
             # queue for (and hold) the write lock the receiver needs.
             connection.exec_driver_sql("BEGIN")
@@ -122,7 +121,7 @@ def create_engine(url: str, *, pool_size: int = 10) -> sa.Engine:
 
 
 #: Execution option of a connection that only reads (see :func:`reading`).
-READ_ONLY = "onceonly_read_only"
+_READ_ONLY = "onceonly_read_only"
 
 
 @contextmanager
@@ -133,7 +132,7 @@ def reading(engine: sa.Engine) -> Iterator[sa.Connection]:
     as the read takes (a purge scanning millions of rows, say), while every
     delivery waits. Writing through it is a bug: SQLite may then answer
     "database is locked" at once. On PostgreSQL it is an ordinary connection."""
-    with engine.connect().execution_options(**{READ_ONLY: True}) as conn:
+    with engine.connect().execution_options(**{_READ_ONLY: True}) as conn:
         yield conn
 
 
