@@ -21,6 +21,7 @@ app's worker does: :mod:`onceonly.contrib.django.transactions`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import traceback
@@ -124,6 +125,7 @@ class BatchProcessor:
         self.deferred = 0
         # Handlers already warned about that their ordered events came unordered.
         self._warned_unordered: set[str] = set()
+        self._base_services: AttemptServices | None = None
 
     def process(self, batch: list[Claimed]) -> None:
         """Run a batch of claimed events, one savepoint each, in as few
@@ -253,7 +255,8 @@ class BatchProcessor:
         event = item.event
         route = self.app.handlers.route(event.provider, event.event_type)
         name = route.name if route else None
-        if event.attempts > self.retry_policy(event).max_attempts:
+        max_attempts = route.attempts if route and route.attempts is not None else self.max_attempts
+        if event.attempts > max_attempts:
             # Claimed again after workers died on it max_attempts times.
             return RuntimeError("the worker died during every attempt"), name
         if route is None:
@@ -268,17 +271,7 @@ class BatchProcessor:
         route_head = route.registrations[0]
         if route_head.ordered and event.ordering_key is None:
             self._warn_unordered(route_head.name, event)
-        services = AttemptServices(
-            ledger=self.app.effect_ledger,
-            outbox=self.outbox.records,
-            actions=frozenset(self.app.handlers.actions),
-            api_clients=self.app.api_clients,
-            tenants=self.app.tenants,
-            event_loop=self._loop,
-            fetched=prefetched,
-            tracing=self.tracing,
-            worker=self.owner,
-        )
+        services = self._services(prefetched)
         mine: list[Context] = []
         savepoints.arm()
         started = time.perf_counter()
@@ -313,6 +306,23 @@ class BatchProcessor:
                 "they were rolled back"
             ), name
         return route.name
+
+    def _services(self, prefetched: dict[Target, Any]) -> AttemptServices:
+        """What an attempt is lent: one object per batch, with the event's
+        own prefetched answers (the common case, none, shares it)."""
+        base = self._base_services
+        if base is None or base.actions != self.app.handlers.actions.keys():
+            base = self._base_services = AttemptServices(
+                ledger=self.app.effect_ledger,
+                outbox=self.outbox.records,
+                actions=frozenset(self.app.handlers.actions),
+                api_clients=self.app.api_clients,
+                tenants=self.app.tenants,
+                event_loop=self._loop,
+                tracing=self.tracing,
+                worker=self.owner,
+            )
+        return dataclasses.replace(base, fetched=prefetched) if prefetched else base
 
     def retry_policy(self, event: Event) -> RetryPolicy:
         """Attempts and backoff for `event`: those its handlers were registered

@@ -41,7 +41,7 @@ import math
 import re
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from ._exceptions import ConfigurationError
@@ -151,19 +151,20 @@ class Registration:
     effect_prefix: str = ""
     #: The ordering key of its events (``None``: unordered).
     ordering: OrderingKey | None = None
+    #: ``module.qualname`` of the handler, and whether it is a coroutine
+    #: function: worked out once, not for every event it handles.
+    name: str = field(init=False, repr=False, compare=False)
+    is_async: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        fn = self.handler
+        name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "is_async", inspect.iscoroutinefunction(fn))
 
     @property
     def ordered(self) -> bool:
         return self.ordering is not None
-
-    @property
-    def name(self) -> str:
-        fn = self.handler
-        return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
-
-    @property
-    def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.handler)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,12 +184,12 @@ class Route:
     registrations: tuple[Registration, ...]
     attempts: int | None = None
     backoff: Backoff | None = None
+    #: What the event's ``handler`` column keeps: the handlers' names,
+    #: comma-separated, in the order they ran.
+    name: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def name(self) -> str:
-        """What the event's ``handler`` column keeps: the handlers' names,
-        comma-separated, in the order they ran."""
-        return ", ".join(r.name for r in self.registrations)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", ", ".join(r.name for r in self.registrations))
 
     @property
     def prefetch(self) -> tuple[str | None, ...]:

@@ -60,6 +60,7 @@ for every other tenant (see :mod:`onceonly.tenants`).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import threading
 import time
@@ -385,12 +386,13 @@ class Metrics:
     ) -> None:
         """Outcomes of one committed processing transaction, by provider, or
         by (provider, tenant)."""
-        for item in processed:
-            self._worker(*_pair(item)).processed.inc()
-        for item in failed:
-            self._worker(*_pair(item)).failed.inc()
-        for item in dead:
-            self._worker(*_pair(item)).dead.inc()
+        # One increment per label set, not per event: a batch is mostly one provider.
+        for item, n in collections.Counter(processed).items():
+            self._worker(*_pair(item)).processed.inc(n)
+        for item, n in collections.Counter(failed).items():
+            self._worker(*_pair(item)).failed.inc(n)
+        for item, n in collections.Counter(dead).items():
+            self._worker(*_pair(item)).dead.inc(n)
 
     def transaction_ended(self, seconds: float) -> None:
         """A processing transaction committed or rolled back after `seconds`."""

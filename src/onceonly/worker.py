@@ -111,7 +111,12 @@ class Worker:
         self._wake = threading.Event()
         self._held: dict[int, Claimed] = {}
         self._started: set[int] = set()
-        self._busy = 0  # chunks being processed
+        self._busy = 0  # chunks being processed or queued for a thread
+        # Claims run one chunk per thread ahead of the threads: a thread that
+        # ends its batch finds the next one queued, instead of waiting on the
+        # claim's round trips and commit. Queued chunks' leases are renewed like
+        # the running ones' and given back on a graceful stop.
+        self._chunks = 2 * concurrency
         self._lock = threading.Lock()
         self._loops = threading.local()
         self.metrics = app.metrics
@@ -192,11 +197,9 @@ class Worker:
         next_sweep = 0.0
         try:
             while not self._stop.is_set():
-                idle_threads = self.concurrency - self._busy
-                claimed = self._claim(idle_threads * self.batch_size) if idle_threads else []
-                # Spread the claim over the idle threads: each runs its share in
-                # one transaction (one commit, one fsync for the lot).
-                for chunk in (claimed[i::idle_threads] for i in range(idle_threads)):
+                free = self._chunks - self._busy
+                claimed = self._claim(free * self.batch_size) if free else []
+                for chunk in self._chunked(claimed):
                     if chunk:
                         with self._lock:
                             self._busy += 1
@@ -205,7 +208,7 @@ class Worker:
                 if time.monotonic() >= next_sweep:
                     self.outbox.sweep()  # logs and counts its own database errors
                     next_sweep = time.monotonic() + 2.0
-                if claimed and len(claimed) == idle_threads * self.batch_size:
+                if claimed and len(claimed) == free * self.batch_size:
                     continue  # more may be due
                 self._wake.wait(self.poll_interval)
                 self._wake.clear()
@@ -307,11 +310,22 @@ class Worker:
         """Events claimable now; None when the database cannot say (it is
         down: ``run_until_idle`` then waits, as the worker itself does)."""
         try:
-            return self.queue.due_count(self.engine)
+            # Its own claims too: one committed an instant ago is not in
+            # _held yet, and stopping then would give it back unprocessed.
+            return self.queue.due_count(self.engine, owner=self.name)
         except StoreError as exc:
             self._database_failed("due-count", exc)
             log.warning("could not count due events: %s", exc)
             return None
+
+    def _chunked(self, claimed: list[Claimed]) -> list[list[Claimed]]:
+        """A claim cut into the chunks the threads run, each in one
+        transaction (one commit, one fsync for the lot): spread over the idle
+        threads, and only what they cannot take queued in more chunks of
+        `batch_size`."""
+        idle = max(self.concurrency - self._busy, 0)
+        n = max(min(idle, len(claimed)), -(-len(claimed) // self.batch_size))
+        return [claimed[i::n] for i in range(n)]
 
     def _done(self, future: Future[None]) -> None:
         with self._lock:

@@ -372,6 +372,55 @@ def test_sigterm_style_stop_gives_back_unstarted_events(database_url: str) -> No
     )
 
 
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+def test_the_next_batch_waits_claimed_and_goes_back_on_stop(database_url: str) -> None:
+    """A thread's next batch is claimed while it runs one (so it never waits
+    on a claim), and no further: on a graceful stop the waiting batch goes
+    back to pending with no attempt spent. (On SQLite the running batch holds
+    the write lock, so the claim ahead waits for its commit.)"""
+    app = make_app(database_url)
+    started = threading.Event()
+    release = threading.Event()
+
+    @app.handler("stripe")
+    def handler(event: Event, ctx: Context) -> None:
+        started.set()
+        release.wait(10)
+
+    deliver(database_url, *[f"evt_{i}" for i in range(9)])
+    worker = Worker(app, concurrency=1, batch_size=3)
+
+    def counts() -> dict[str, int]:
+        found: dict[str, int] = {}
+        for status in statuses(app).values():
+            found[status] = found.get(status, 0) + 1
+        return found
+
+    def wait_for(expected: dict[str, int]) -> None:
+        deadline = time.monotonic() + 10
+        while counts() != expected and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert counts() == expected
+
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    try:
+        assert started.wait(10)
+        # One batch running, one waiting: 2 x concurrency x batch_size leased.
+        wait_for({"processing": 6, "pending": 3})
+        worker.stop()
+        wait_for({"processing": 3, "pending": 6})  # the waiting batch, given back
+    finally:
+        worker.stop()
+        release.set()
+        thread.join(10)
+    assert counts() == {"processed": 3, "pending": 6}
+    assert [
+        r.attempts
+        for r in rows(app, "SELECT attempts FROM onceonly_events WHERE status = 'pending'")
+    ] == [0] * 6
+
+
 def test_claims_are_exclusive_under_racing_workers(database_url: str) -> None:
     app = make_app(database_url)
     deliver(database_url, *[f"evt_{i}" for i in range(200)])

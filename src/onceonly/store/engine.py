@@ -32,6 +32,7 @@ __all__ = [
     "create_engine",
     "engine_kind",
     "engine_kind_of",
+    "one_statement",
     "reading",
     "transaction",
     "write_lock_of",
@@ -147,6 +148,26 @@ def transaction(engine: sa.Engine, what: str) -> Iterator[sa.Connection]:
     What the block raises that is no database error passes through as it is.
     """
     with translated(what), engine.begin() as conn:
+        yield conn
+
+
+@contextmanager
+def one_statement(engine: sa.Engine, what: str) -> Iterator[sa.Connection]:
+    """:func:`transaction` for a block of a single writing statement.
+
+    On PostgreSQL the connection is in autocommit: the statement is its own
+    transaction, as atomic as in ``BEGIN``/``COMMIT`` and two round trips
+    shorter (the worker claims a batch this way every few milliseconds). On
+    SQLite it is :func:`transaction`, whose ``BEGIN IMMEDIATE`` takes the
+    write lock in turns with the receiver. A block that runs two statements
+    through it commits each on its own on PostgreSQL: that is a bug.
+    """
+    if engine.dialect.name != "postgresql":
+        with transaction(engine, what) as conn:
+            yield conn
+        return
+    with translated(what), engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT")
         yield conn
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +39,7 @@ import sqlalchemy as sa
 
 from .._exceptions import PayloadPurged
 from ..events import Event
-from .engine import reading
+from .engine import one_statement, reading
 from .errors import translated
 from .notifications import CHANNEL
 from .rows import event_columns, event_from_row
@@ -148,7 +148,7 @@ _POSTGRES = _Statements(
     # which FOR UPDATE would block (a deadlock across our own two connections).
     # Claims still skip the rows: FOR UPDATE conflicts with NO KEY UPDATE.
     lock_events="""
-        SELECT id, fence, status FROM onceonly_events WHERE id = ANY(:ids)
+        SELECT id, fence, status FROM onceonly_events WHERE id = ANY(CAST(:ids AS bigint[]))
         ORDER BY id FOR NO KEY UPDATE
     """,
     mark_processed="""
@@ -180,7 +180,8 @@ _POSTGRES = _Statements(
         UPDATE onceonly_events SET lease_expires_at = now() + make_interval(secs => :lease)
         WHERE id IN (
             SELECT id FROM onceonly_events
-            WHERE id = ANY(:ids) AND lease_owner = :owner AND status = 'processing'
+            WHERE id = ANY(CAST(:ids AS bigint[])) AND lease_owner = :owner
+                AND status = 'processing'
             FOR UPDATE SKIP LOCKED)
     """,
     insert_attempt=_INSERT_ATTEMPT,
@@ -198,6 +199,7 @@ _POSTGRES = _Statements(
         SELECT count(*) FROM onceonly_events e
         WHERE (status IN ('pending', 'failed') AND run_after <= now() AND {_HEAD_POSTGRES})
            OR (status = 'processing' AND lease_expires_at < now())
+           OR (status = 'processing' AND lease_owner = :owner)
     """,
     claimed=_CLAIMED,
     defer=_DEFER.format(due="now() + make_interval(secs => :delay)"),
@@ -255,6 +257,7 @@ _SQLITE = _Statements(
         SELECT count(*) FROM onceonly_events e
         WHERE (status IN ('pending', 'failed') AND run_after <= :now AND {_HEAD_SQLITE})
            OR (status = 'processing' AND lease_expires_at < :now)
+           OR (status = 'processing' AND lease_owner = :owner)
     """,
     claimed=_CLAIMED,
     defer=_DEFER.format(due=":now + :delay"),
@@ -278,20 +281,27 @@ class WorkQueue:
         #: holding it keeps the receiver waiting, so batches commit in slices.
         self.single_writer = kind == "sqlite"
         # PostgreSQL takes the id list as an array, SQLite as JSON (json_each).
+        # Built once: sa.text() parses its string for bind names on every call.
+        self._claim_sql = sa.text(self.sql.claim)
+        self._lock_sql = sa.text(self.sql.lock_events)
+        self._mark_sql = sa.text(self.sql.mark_processed)
+        self._mark_many_sql = (
+            sa.text(self.sql.mark_processed_many) if self.sql.mark_processed_many else None
+        )
         self._ids: Callable[[list[int]], dict[str, Any]] = (
-            (lambda ids: {"ids": ids}) if kind == "postgresql" else _ids_json
+            (lambda ids: {"ids": bigint_array(ids)}) if kind == "postgresql" else _ids_json
         )
 
     # The claim loop (each in a transaction of its own).
 
     def claim(self, engine: sa.Engine, n: int, *, owner: str, lease: float) -> list[Claimed]:
         """Claim up to `n` due events for `owner`, leased for `lease` seconds."""
-        with translated("claiming events"), engine.begin() as conn:
+        with one_statement(engine, "claiming events") as conn:
             rows = conn.execute(
-                sa.text(self.sql.claim),
-                {"n": n, "owner": owner, "lease": lease, "now": self.clock()},
+                self._claim_sql, {"n": n, "owner": owner, "lease": lease, "now": self.clock()}
             ).all()
-        return [Claimed(event_from_row(row), row.fence) for row in rows]
+        # The fence is the column after the event's.
+        return [Claimed(event_from_row(row), row[-1]) for row in rows]
 
     def claimed(self, engine: sa.Engine, id: int, fence: int) -> Claimed | None:
         """Event `id` as claimed with `fence`, or None if that claim is over
@@ -300,10 +310,13 @@ class WorkQueue:
             row = conn.execute(sa.text(self.sql.claimed), {"id": id, "fence": fence}).first()
         return None if row is None else Claimed(event_from_row(row), row.fence)
 
-    def due_count(self, engine: sa.Engine) -> int:
-        """How many events a worker could claim now."""
+    def due_count(self, engine: sa.Engine, *, owner: str | None = None) -> int:
+        """How many events a worker could claim now, and those `owner` holds
+        (claimed, not finished), when given."""
         with translated("counting due events"), reading(engine) as conn:
-            count = conn.execute(sa.text(self.sql.due_count), {"now": self.clock()}).scalar_one()
+            count = conn.execute(
+                sa.text(self.sql.due_count), {"now": self.clock(), "owner": owner}
+            ).scalar_one()
         return int(count)
 
     def extend_leases(self, engine: sa.Engine, ids: list[int], *, owner: str, lease: float) -> None:
@@ -332,8 +345,8 @@ class WorkQueue:
         ids = [c.event.id for c in batch]
         with translated("locking claimed events"):
             current = {
-                row.id: (row.fence, row.status)
-                for row in conn.execute(sa.text(self.sql.lock_events), self._ids(ids))
+                id: (fence, status)
+                for id, fence, status in conn.execute(self._lock_sql, self._ids(ids))
             }
         return {c.event.id for c in batch if current.get(c.event.id) == (c.fence, "processing")}
 
@@ -342,18 +355,18 @@ class WorkQueue:
         if not done:
             return
         with translated("marking events processed"):
-            if self.sql.mark_processed_many is not None and len(done) > 1:
+            if self._mark_many_sql is not None and len(done) > 1:
                 conn.execute(
-                    sa.text(self.sql.mark_processed_many),
+                    self._mark_many_sql,
                     {
-                        "ids": [c.event.id for c, _ in done],
-                        "fences": [c.fence for c, _ in done],
-                        "handlers": [h for _, h in done],
+                        "ids": bigint_array(c.event.id for c, _ in done),
+                        "fences": bigint_array(c.fence for c, _ in done),
+                        "handlers": text_array(h for _, h in done),
                     },
                 )
                 return
             conn.execute(
-                sa.text(self.sql.mark_processed),
+                self._mark_sql,
                 [{"id": c.event.id, "fence": c.fence, "handler": h} for c, h in done],
             )
 
@@ -430,6 +443,23 @@ class WorkQueue:
             if ids and self.sql.notify is not None:
                 conn.execute(sa.text(self.sql.notify))
         return ids
+
+
+# PostgreSQL arrays as their text form, cast in the statement. psycopg's list
+# adapter looks up a dumper for every element in Python, which cost a batch's
+# lock and mark more than the rest of their statements (py-spy).
+
+
+def bigint_array(values: Iterable[int]) -> str:
+    """``{1,2,3}``: integers as a PostgreSQL array literal."""
+    return "{" + ",".join(str(int(v)) for v in values) + "}"
+
+
+def text_array(values: Iterable[str]) -> str:
+    """Strings as a PostgreSQL array literal, each quoted (commas, braces,
+    quotes, backslashes and spaces kept as they are)."""
+    quoted = ('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values)
+    return "{" + ",".join(quoted) + "}"
 
 
 def _ids_json(ids: list[int]) -> dict[str, Any]:

@@ -197,6 +197,7 @@ class TestWorkQueue:
     async def test_a_batch_of_marks_skips_a_lost_claim_and_marks_the_others_with_their_handler(
         self, store: Store, db: sa.Engine, queue: WorkQueue
     ) -> None:
+        h_a, h_b = 'app.pay, app."refund"', "back\\slash {x} ünï"
         (lost,) = await self.due(store, "evt_lost")
         (stale,) = queue.claim(db, 1, owner="dead", lease=0.1)
         first, second = await self.due(store, "evt_a", "evt_b")
@@ -208,9 +209,11 @@ class TestWorkQueue:
         with transaction(db, "test") as conn:
             # One statement for the batch (PostgreSQL): the stale claim on
             # evt_lost, among two that still hold, writes nothing.
+            # Several handlers' names are joined with ", "; any character
+            # survives the statement's array (quotes, braces, backslashes).
             queue.mark_processed(
                 conn,
-                [(claimed[lost], "h_lost"), (claimed[first], "h_a"), (claimed[second], "h_b")],
+                [(claimed[lost], "h_lost"), (claimed[first], h_a), (claimed[second], h_b)],
             )
         assert self.status(db, lost) == ("processing", 2)
         with db.connect() as conn:
@@ -218,7 +221,7 @@ class TestWorkQueue:
                 "SELECT id, handler FROM onceonly_events WHERE status = 'processed'"
             )
             rows = {int(row.id): str(row.handler) for row in conn.execute(processed)}
-        assert rows == {first: "h_a", second: "h_b"}
+        assert rows == {first: h_a, second: h_b}
 
     async def test_marks_processed_and_failed(
         self, store: Store, db: sa.Engine, queue: WorkQueue
