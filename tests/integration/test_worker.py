@@ -341,7 +341,9 @@ def test_listen_notify_wakes_the_worker_at_once(database_url: str) -> None:
     assert sorted(latencies)[2] < 0.3, latencies
 
 
-def test_sigterm_style_stop_gives_back_unstarted_events(database_url: str) -> None:
+def held_app(database_url: str) -> tuple[Onceonly, threading.Event, threading.Event]:
+    """An app whose handler holds each event until `release` is set; `started`
+    is set when the first one is in hand."""
     app = make_app(database_url)
     started = threading.Event()
     release = threading.Event()
@@ -349,8 +351,20 @@ def test_sigterm_style_stop_gives_back_unstarted_events(database_url: str) -> No
     @app.handler("stripe")
     def handler(event: Event, ctx: Context) -> None:
         started.set()
-        release.wait(5)
+        release.wait(10)
 
+    return app, started, release
+
+
+def status_counts(app: Onceonly) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for status in statuses(app).values():
+        found[status] = found.get(status, 0) + 1
+    return found
+
+
+def test_sigterm_style_stop_gives_back_unstarted_events(database_url: str) -> None:
+    app, started, release = held_app(database_url)
     deliver(database_url, *[f"evt_{i}" for i in range(6)])
     worker = Worker(app, concurrency=1, batch_size=6)
     thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
@@ -359,9 +373,7 @@ def test_sigterm_style_stop_gives_back_unstarted_events(database_url: str) -> No
     worker.stop()
     release.set()
     thread.join(10)
-    counts: dict[str, int] = {}
-    for status in statuses(app).values():
-        counts[status] = counts.get(status, 0) + 1
+    counts = status_counts(app)
     # The one in hand finished; the claimed-but-unstarted ones are back in line, not leased.
     assert counts.get("processed", 0) >= 1
     assert counts.get("processing", 0) == 0
@@ -378,29 +390,15 @@ def test_the_next_batch_waits_claimed_and_goes_back_on_stop(database_url: str) -
     on a claim), and no further: on a graceful stop the waiting batch goes
     back to pending with no attempt spent. (On SQLite the running batch holds
     the write lock, so the claim ahead waits for its commit.)"""
-    app = make_app(database_url)
-    started = threading.Event()
-    release = threading.Event()
-
-    @app.handler("stripe")
-    def handler(event: Event, ctx: Context) -> None:
-        started.set()
-        release.wait(10)
-
+    app, started, release = held_app(database_url)
     deliver(database_url, *[f"evt_{i}" for i in range(9)])
     worker = Worker(app, concurrency=1, batch_size=3)
 
-    def counts() -> dict[str, int]:
-        found: dict[str, int] = {}
-        for status in statuses(app).values():
-            found[status] = found.get(status, 0) + 1
-        return found
-
     def wait_for(expected: dict[str, int]) -> None:
         deadline = time.monotonic() + 10
-        while counts() != expected and time.monotonic() < deadline:
+        while status_counts(app) != expected and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert counts() == expected
+        assert status_counts(app) == expected
 
     thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
     thread.start()
@@ -414,7 +412,7 @@ def test_the_next_batch_waits_claimed_and_goes_back_on_stop(database_url: str) -
         worker.stop()
         release.set()
         thread.join(10)
-    assert counts() == {"processed": 3, "pending": 6}
+    assert status_counts(app) == {"processed": 3, "pending": 6}
     assert [
         r.attempts
         for r in rows(app, "SELECT attempts FROM onceonly_events WHERE status = 'pending'")
