@@ -255,7 +255,7 @@ class BatchProcessor:
         event = item.event
         route = self.app.handlers.route(event.provider, event.event_type)
         name = route.name if route else None
-        max_attempts = route.attempts if route and route.attempts is not None else self.max_attempts
+        max_attempts = route.max_attempts(self.max_attempts) if route else self.max_attempts
         if event.attempts > max_attempts:
             # Claimed again after workers died on it max_attempts times.
             return RuntimeError("the worker died during every attempt"), name
@@ -308,8 +308,9 @@ class BatchProcessor:
         return route.name
 
     def _services(self, prefetched: dict[Target, Any]) -> AttemptServices:
-        """What an attempt is lent: one object per batch, with the event's
-        own prefetched answers (the common case, none, shares it)."""
+        """What an attempt is lent: one object kept for every attempt (built
+        again only when outbox actions were registered since), copied only
+        for an event with prefetched answers."""
         base = self._base_services
         if base is None or base.actions != self.app.handlers.actions.keys():
             base = self._base_services = AttemptServices(

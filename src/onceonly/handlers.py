@@ -196,10 +196,14 @@ class Route:
         """Every kind any of the handlers prefetches, once each."""
         return tuple(dict.fromkeys(k for r in self.registrations for k in r.prefetch))
 
+    def max_attempts(self, default: int) -> int:
+        """The route's own attempts, `default` (the worker's) where it set none."""
+        return self.attempts if self.attempts is not None else default
+
     def policy(self, max_attempts: int, delay: Callable[[int], float]) -> RetryPolicy:
         """The route's own attempts and backoff, the worker's (`max_attempts`,
         `delay`) where the handlers set none."""
-        attempts = self.attempts if self.attempts is not None else max_attempts
+        attempts = self.max_attempts(max_attempts)
         if self.backoff is None:
             return RetryPolicy(attempts, delay)
         if callable(self.backoff):
