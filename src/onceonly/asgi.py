@@ -49,7 +49,7 @@ def lower_headers(scope: Scope, limit: int | None = None) -> dict[str, str]:
 async def read_body(headers: dict[str, str], receive: Receive, limit: int) -> bytes | None:
     """The whole request body, refusing more than `limit` bytes before reading
     them when Content-Length says so; ``None`` if the client went away.
-    (Callers bound the time it may take with ``asyncio.timeout``.)"""
+    (Callers bound the time it may take: see :mod:`onceonly.deadlines`.)"""
     declared = headers.get("content-length")
     # ASCII digits only ("²" is a digit to str.isdigit), and few enough of
     # them that int() cannot be made to work hard.

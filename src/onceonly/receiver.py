@@ -34,13 +34,13 @@ even more.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
 from ._exceptions import BodyTimeout, DeliveryRejected, StoreError, TenantUnavailable
 from .asgi import Receive, Scope, Send, lower_headers, read_body, send_response
+from .deadlines import Deadlines
 from .events import Delivery
 from .metrics import MetricsEndpoint
 from .reception import METHOD_NOT_ALLOWED, NOT_FOUND, Answer, Reception
@@ -90,6 +90,7 @@ class Receiver:
         self.prefix = prefix.rstrip("/")
         #: The answers (shared with the framework views: one table).
         self.reception = Reception(inbox, metrics, settings)
+        self._deadlines = Deadlines()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -158,7 +159,7 @@ class Receiver:
             try:
                 # A sender trickling its body must not hold the connection
                 # (and the request's memory) for as long as it likes.
-                async with asyncio.timeout(reception.body_timeout):
+                with self._deadlines.limit(reception.body_timeout):
                     body = await read_body(headers, receive, reception.max_body_bytes)
             except TimeoutError:
                 raise BodyTimeout(
@@ -196,4 +197,7 @@ class Receiver:
 
 
 async def _send(send: Send, answer: Answer) -> None:
-    await send_response(send, answer.status, answer.body, list(answer.headers))
+    # A list of its own for each answer: middleware may add to it in place.
+    headers = list(answer.asgi_headers)
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+    await send({"type": "http.response.body", "body": answer.body})

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ._exceptions import DeliveryRejected, StoreError, TenantUnavailable
@@ -42,6 +42,13 @@ class Answer:
     status: int
     body: bytes
     headers: Headers
+    #: `headers` and the body's ``content-length``, as ASGI sends them: made
+    #: once, since the hot path's two answers are built once.
+    asgi_headers: Headers = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        length = (b"content-length", str(len(self.body)).encode())
+        object.__setattr__(self, "asgi_headers", (*self.headers, length))
 
 
 def problem(status: int, reason: str, title: str, detail: str, extra: Headers = ()) -> Answer:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
+from typing import Any
 
 import httpx
 import pytest
@@ -13,6 +14,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
 from onceonly import Onceonly, create_store
+from onceonly.asgi import Receive, Scope, Send
 from onceonly.providers import GitHub, Stripe
 from support import STRIPE_SECRET, live_server, signed, stripe_delivery
 
@@ -209,3 +211,32 @@ async def test_mounted_inside_a_starlette_app(database_url: str) -> None:
     assert response.status_code == 200
     assert json.loads(response.content) == {"received": True, "duplicate": False}
     assert await count_rows(database_url) == 1
+
+
+async def test_middleware_that_adds_a_header_in_place_adds_it_once_per_answer(
+    database_url: str,
+) -> None:
+    # The receiver's two answers are built once; each response must still get
+    # a header list of its own, or the second answer would carry the first's
+    # additions (Starlette's MutableHeaders appends to the message's list).
+    receiver = make_app(database_url).asgi()
+
+    async def tagging(scope: Scope, receive: Receive, send: Send) -> None:
+        async def tagged_send(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"].append((b"x-tag", b"1"))
+            await send(message)
+
+        await receiver(scope, receive, tagged_send)
+
+    with live_server(tagging) as url:
+        async with httpx.AsyncClient() as client:
+            answers = []
+            for i in range(3):
+                body, headers = stripe_delivery(f"evt_tag_{i}")
+                answers.append(
+                    await client.post(f"{url}/webhooks/stripe", content=body, headers=headers)
+                )
+    assert [r.status_code for r in answers] == [200] * 3
+    assert [r.headers.get_list("x-tag") for r in answers] == [["1"]] * 3
+    assert [r.headers["content-length"] for r in answers] == [str(len(answers[0].content))] * 3

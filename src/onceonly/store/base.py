@@ -8,10 +8,11 @@ unit tests of code that sits on top of a store.
 
 Every dedup decision is the database's: ``insert_events`` is one
 ``INSERT ... ON CONFLICT (provider, tenant, event_id) DO UPDATE SET duplicates =
-duplicates + 1 ... RETURNING`` per batch. The returned counter tells a new row
-from an old one, and the same statement remembers the duplicate (how many, and
-when the last one came) for the dashboard and for whoever asks "did the gateway
-really resend this?". Nothing reads before it writes.
+duplicates + 1 ...`` per batch. The counter, returned or read back in the same
+transaction, tells a new row from an old one, and the same statement remembers
+the duplicate (how many, and when the last one came) for the dashboard and for
+whoever asks "did the gateway really resend this?". Nothing reads before it
+writes.
 """
 
 from __future__ import annotations

@@ -57,6 +57,26 @@ async def test_insert_decides_duplicates_in_the_database(database_url: str) -> N
         assert len(await store.list_events(limit=100)) == 4
 
 
+async def test_a_batch_past_one_statement_gets_each_receipt_right(database_url: str) -> None:
+    # More rows than one statement carries (3,000 on SQLite), old and new
+    # mixed, copies in the batch, ids that SQL or a separator could misread.
+    async with create_store(database_url) as store:
+        old = await store.insert_events([event(f"evt_old_{i}") for i in range(0, 7000, 7)])
+        tricky = ["evt a,b", "evt 'q' \"d\"", "evt \u00e9 \u4e2d", "evt ,  ,", "1 2 3"]
+        ids = [f"evt_old_{i}" for i in range(7000)] + tricky + tricky[:2]
+        receipts = await store.insert_events([event(i) for i in ids])
+        was_there = {f"evt_old_{i}" for i in range(0, 7000, 7)}
+        expected = [i in was_there for i in ids[:7000]] + [False] * 5 + [True, True]
+        assert [r.duplicate for r in receipts] == expected
+        # Each receipt names the row its event is in.
+        by_id = {e.event_id: e.id for e in await store.list_events(limit=10_000)}
+        assert [r.id for r in receipts] == [by_id[i] for i in ids]
+        assert [r.id for r in old] == [by_id[f"evt_old_{i}"] for i in range(0, 7000, 7)]
+        copy = await store.find_event("stripe", "evt a,b")
+        assert copy is not None
+        assert copy.duplicates == 1
+
+
 async def test_raw_bytes_and_headers_are_kept_exactly(database_url: str) -> None:
     raw = b'{"id": "evt_x",  "amount":1.10}\n\x00\xff'
     async with create_store(database_url) as store:
