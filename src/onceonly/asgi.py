@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 from ._exceptions import BodyTooLarge, HeadersTooLarge
@@ -46,7 +46,7 @@ def lower_headers(scope: Scope, limit: int | None = None) -> dict[str, str]:
     return headers
 
 
-async def read_body(headers: dict[str, str], receive: Receive, limit: int) -> bytes | None:
+async def read_body(headers: Mapping[str, str], receive: Receive, limit: int) -> bytes | None:
     """The whole request body, refusing more than `limit` bytes before reading
     them when Content-Length says so; ``None`` if the client went away.
     (Callers bound the time it may take: see :mod:`onceonly.deadlines`.)"""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
+from functools import lru_cache
 
 __all__ = ["DEBUG_HEADERS", "ReadHeaders", "is_credential"]
 
@@ -67,6 +68,9 @@ _CREDENTIAL_WORDS = (
 _CREDENTIAL = re.compile("|".join(re.escape(word) for word in _CREDENTIAL_WORDS))
 
 
+# Bounded: header names are the sender's to choose, so a cache without a
+# limit would be theirs to fill. The names of real deliveries are a few dozen.
+@lru_cache(maxsize=1024)
 def is_credential(name: str) -> bool:
     return _CREDENTIAL.search(name.lower().replace("_", "-")) is not None
 

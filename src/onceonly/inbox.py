@@ -150,12 +150,15 @@ class Inbox:
             raise UnknownTenant("this deployment has no tenants")
         return await self.tenants.verifier(name, tenant, provider)
 
-    async def receive(self, delivery: Delivery) -> Receipt:
+    async def receive(self, delivery: Delivery, verifier: Provider | None = None) -> Receipt:
+        """Verify, identify and store `delivery`. `verifier`: what
+        :meth:`verifier` gave for its route and tenant, when the caller asked
+        already (the receiver does, to answer 404 before reading the body)."""
         if self.tracing.enabled:
-            return await self._traced_receive(delivery)
-        return await self._receive(delivery, None)
+            return await self._traced_receive(delivery, verifier)
+        return await self._receive(delivery, None, verifier)
 
-    async def _traced_receive(self, delivery: Delivery) -> Receipt:
+    async def _traced_receive(self, delivery: Delivery, verifier: Provider | None) -> Receipt:
         """:meth:`receive` in an ``onceonly.receive`` span, which lasts until
         the commit that holds the event (see :mod:`onceonly.tracing`)."""
         # The sender's traceparent is its claim, not ours to build on: a link.
@@ -165,7 +168,7 @@ class Inbox:
             {"onceonly.provider": delivery.provider, "onceonly.tenant": delivery.tenant},
             links=(sender,),
         ) as span:
-            receipt = await self._receive(delivery, span)
+            receipt = await self._receive(delivery, span, verifier)
             if span is not None:
                 span.set_attribute("onceonly.duplicate", receipt.duplicate)
                 if receipt.id is not None:
@@ -183,12 +186,16 @@ class Inbox:
         ):
             return await self.store.insert_events(batch)
 
-    async def _receive(self, delivery: Delivery, span: Span | None) -> Receipt:
-        provider = await self.verifier(delivery.provider, delivery.tenant)
-        headers = ReadHeaders(delivery.headers)
-        delivery = Delivery(
-            delivery.provider, delivery.body, headers, delivery.query, delivery.tenant
-        )
+    async def _receive(
+        self, delivery: Delivery, span: Span | None, verifier: Provider | None
+    ) -> Receipt:
+        provider = verifier or await self.verifier(delivery.provider, delivery.tenant)
+        headers = delivery.headers
+        if not isinstance(headers, ReadHeaders):
+            headers = ReadHeaders(headers)
+            delivery = Delivery(
+                delivery.provider, delivery.body, headers, delivery.query, delivery.tenant
+            )
         # Authenticate first: nothing from an unverified body is parsed or kept.
         provider.verify(delivery)
         info = provider.identify(delivery)

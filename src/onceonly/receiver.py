@@ -42,6 +42,7 @@ from ._exceptions import BodyTimeout, DeliveryRejected, StoreError, TenantUnavai
 from .asgi import Receive, Scope, Send, lower_headers, read_body, send_response
 from .deadlines import Deadlines
 from .events import Delivery
+from .headers import ReadHeaders
 from .metrics import MetricsEndpoint
 from .reception import METHOD_NOT_ALLOWED, NOT_FOUND, Answer, Reception
 from .settings import ReceiverSettings
@@ -154,8 +155,9 @@ class Receiver:
         reception = self.reception
         try:
             # 404 before reading the body: unknown provider, unknown tenant.
-            await self.inbox.verifier(provider, tenant)
-            headers = lower_headers(scope, reception.max_header_bytes)
+            verifier = await self.inbox.verifier(provider, tenant)
+            # Wrapped here, once: the inbox keeps the headers its provider reads.
+            headers = ReadHeaders(lower_headers(scope, reception.max_header_bytes))
             try:
                 # A sender trickling its body must not hold the connection
                 # (and the request's memory) for as long as it likes.
@@ -181,7 +183,7 @@ class Receiver:
             query=dict(parse_qsl(raw_query.decode("latin-1"))) if raw_query else {},
             tenant=tenant,
         )
-        await _send(send, await reception.receive(delivery))
+        await _send(send, await reception.receive(delivery, verifier))
 
     async def _health(self, send: Send) -> None:
         try:

@@ -23,6 +23,7 @@ from .settings import ReceiverSettings
 if TYPE_CHECKING:
     from .inbox import Inbox
     from .metrics import Metrics
+    from .providers import Provider
 
 __all__ = ["METHOD_NOT_ALLOWED", "NOT_FOUND", "Answer", "Reception", "problem"]
 
@@ -119,11 +120,12 @@ class Reception:
             503, "unavailable", "Service Unavailable", "the database is not reachable", retry_after
         )
 
-    async def receive(self, delivery: Delivery) -> Answer:
-        """Store `delivery`; 200 only once its event is committed (or was already)."""
+    async def receive(self, delivery: Delivery, verifier: Provider | None = None) -> Answer:
+        """Store `delivery`; 200 only once its event is committed (or was
+        already). `verifier`: as :meth:`Inbox.receive <onceonly.inbox.Inbox.receive>`'s."""
         tenant = delivery.tenant
         try:
-            receipt = await self.inbox.receive(delivery)
+            receipt = await self.inbox.receive(delivery, verifier)
         except DeliveryRejected as exc:
             return self.rejected(delivery.provider, exc, tenant)
         except StoreError as exc:

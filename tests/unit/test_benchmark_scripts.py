@@ -3,6 +3,7 @@ their stall arithmetic is right (the scripts themselves are run by hand, not in 
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,12 +21,14 @@ def scripts(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, ModuleType]]:
     import cost_curve
     import purge_stall
     import receive
+    import receive_ab
     import worker_peers
 
     yield {
         "cost_curve": cost_curve,
         "purge_stall": purge_stall,
         "receive": receive,
+        "receive_ab": receive_ab,
         "worker_peers": worker_peers,
         "_load": _load,
     }
@@ -37,6 +40,7 @@ def scripts(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, ModuleType]]:
         "purge_stall",
         "worker_peers",
         "receive",
+        "receive_ab",
     ):
         sys.modules.pop(name, None)
 
@@ -111,3 +115,41 @@ def test_receive_options(scripts: dict[str, ModuleType]) -> None:
     ):
         with pytest.raises(SystemExit):
             parse(bad)
+
+
+def test_receive_ab_options(scripts: dict[str, ModuleType]) -> None:
+    parse = scripts["receive_ab"].parse_args
+    args = parse(["--a", "HEAD~1"])
+    assert (args.a, args.b, args.engine, args.rounds, args.connections) == (
+        "HEAD~1",
+        ".",
+        "sqlite",
+        5,
+        16,
+    )
+    assert parse(["--a", ".", "--b", "main", "--engine", "postgresql"]).engine == "postgresql"
+    for bad in ([], ["--a", "x", "--rounds", "0"], ["--a", "x", "--engine", "mysql"]):
+        with pytest.raises(SystemExit):
+            parse(bad)
+
+
+def test_receive_ab_runs_each_revision_from_its_own_source(
+    scripts: dict[str, ModuleType], tmp_path: Path
+) -> None:
+    ab = scripts["receive_ab"]
+    root = BENCHMARKS.parent
+    # This checkout, uncommitted changes included: its own src/.
+    assert ab.export_src(".", tmp_path) == root / "src"
+    # A revision: its src/ as committed, nothing of the working tree.
+    src = ab.export_src("HEAD", tmp_path)
+    exported = (src / "onceonly" / "__init__.py").read_bytes()
+    committed = subprocess.run(
+        ["git", "-C", str(root), "show", "HEAD:src/onceonly/__init__.py"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    assert exported == committed
+    assert not (tmp_path / "src.tar").exists()
+    (tmp_path / "other").mkdir()
+    with pytest.raises(ab.BenchmarkError, match="cannot export src/ of 'no-such-revision'"):
+        ab.export_src("no-such-revision", tmp_path / "other")
