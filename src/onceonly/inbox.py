@@ -189,7 +189,11 @@ class Inbox:
     async def _receive(
         self, delivery: Delivery, span: Span | None, verifier: Provider | None
     ) -> Receipt:
-        provider = verifier or await self.verifier(delivery.provider, delivery.tenant)
+        provider = (
+            verifier
+            if verifier is not None
+            else await self.verifier(delivery.provider, delivery.tenant)
+        )
         headers = delivery.headers
         if not isinstance(headers, ReadHeaders):
             headers = ReadHeaders(headers)
