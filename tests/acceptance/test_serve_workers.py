@@ -3,7 +3,8 @@
 What the operator notices, seen from outside: deliveries sent at once over
 many connections are each stored once, more than one process answers them, a
 process that dies is replaced, and SIGTERM to the one process they started
-stops them all and exits 0. Which process holds which connection is read from
+stops them all and exits 0; a process that cannot start stops them all with a
+failure status, which a service manager sees. Which process holds which connection is read from
 ``/proc`` (sockets are inodes there), so the server exposes nothing for it.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,8 +22,9 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from onceonly.cli.server import PROCESS_SPEC_ENV
 from processes import scalar, wait_for
-from support import STRIPE_SECRET, Server, stripe_delivery
+from support import ONCEONLY, STRIPE_SECRET, Server, free_port, stripe_delivery
 
 LISTEN, ESTABLISHED = "0A", "01"
 CLIENTS = 8
@@ -160,7 +163,7 @@ def test_two_processes_store_each_delivery_once_and_stop_together(
         output = server.stop()
         assert server.process.returncode == 0, output
         assert time.monotonic() - started < 15, output
-        assert f"Child process [{victim}] died" in output
+        assert f"serve process {victim} was killed by SIGKILL; process" in output, output
         assert "Traceback" not in output, output
         wait_for("its processes to be gone", lambda: not children_left(everyone), 5)
     finally:
@@ -179,3 +182,36 @@ def kill_all(server: Server, pids: set[int]) -> None:
 
 def children_left(pids: set[int]) -> set[int]:
     return {pid for pid in pids if Path(f"/proc/{pid}").exists()}
+
+
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+def test_a_process_that_cannot_start_stops_serve_with_a_failure_status(
+    database_url: str, tmp_path: Path
+) -> None:
+    # Loads in the supervising process, fails in the processes it spawns (as
+    # an app would that reads a file or a secret only they cannot reach).
+    (tmp_path / "startup_app.py").write_text(
+        "import os\n"
+        "from onceonly import Onceonly\n"
+        f"if {PROCESS_SPEC_ENV!r} in os.environ:\n"
+        "    raise RuntimeError('the signing secret file is not readable here')\n"
+        "app = Onceonly()\n"
+    )
+    env = {**os.environ, "ONCEONLY_DATABASE_URL": database_url}
+    env["ONCEONLY_STRIPE_SECRET"] = STRIPE_SECRET
+    started = time.monotonic()
+    args = ["serve", "--app", "startup_app:app", "--workers", "2", "--port", str(free_port())]
+    done = subprocess.run(
+        [*ONCEONLY, *args],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 3, output
+    assert "the signing secret file is not readable here" in output
+    assert "of 2 serve processes failed to start" in output
+    assert "so serve stopped them all" in output
+    assert time.monotonic() - started < 30, output

@@ -1,4 +1,5 @@
-"""``onceonly serve --workers N``: what is refused before anything starts."""
+"""``onceonly serve --workers N``: what is refused before anything starts, and how a
+process that ended is told."""
 
 from __future__ import annotations
 
@@ -39,3 +40,12 @@ def test_help_says_what_workers_does_and_that_sqlite_is_refused() -> None:
     assert "--workers N" in text
     assert "Receiver processes sharing the port" in text
     assert "PostgreSQL only (refused on SQLite" in text
+
+
+def test_how_a_serve_process_ended_is_said_in_words() -> None:
+    from onceonly.cli.processes import how_it_ended
+
+    assert how_it_ended(-9) == "was killed by SIGKILL"
+    assert how_it_ended(1) == "exited with status 1"
+    assert how_it_ended(None) == "is still running"
+    assert how_it_ended(-200) == "was killed by signal 200"

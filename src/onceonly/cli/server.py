@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import sys
 from typing import TYPE_CHECKING, Any
@@ -194,15 +196,25 @@ def serve(
                 "log_format": log_format,
             }
         )
-        # uvicorn binds the socket here and spawns the processes (fresh
-        # interpreters: no fork of a live pool or loop); it replaces one that
-        # dies, and SIGTERM/SIGINT here stops them all gracefully.
-        uvicorn.run(
-            f"{__name__}:serve_process_app",
-            factory=True,
-            workers=workers,
-            **uvicorn_options,
+        # uvicorn's supervisor binds the socket here and spawns the processes
+        # (fresh interpreters: no fork of a live pool or loop); it replaces one
+        # that dies, and SIGTERM/SIGINT here stops them all gracefully.
+        from .processes import STARTUP_FAILURE, ServeProcesses
+
+        config = uvicorn.Config(
+            f"{__name__}:serve_process_app", factory=True, workers=workers, **uvicorn_options
         )
+        supervisor = ServeProcesses(config, sockets=[config.bind_socket()])
+        with contextlib.suppress(KeyboardInterrupt):
+            supervisor.run()
+        if supervisor.failed_to_start:
+            failed = supervisor.failed_to_start
+            errors.print(
+                f"[red]error:[/red] {len(failed)} of {workers} serve processes failed to start "
+                f"(pid {', '.join(map(str, failed))}; the log above says why), so serve "
+                "stopped them all: a replacement would fail the same way."
+            )
+            sys.exit(STARTUP_FAILURE)
         return
     server = for_serve(app, app.asgi(), host=host, port=port)
 
@@ -234,14 +246,23 @@ def serve_process_app() -> ASGIApp:
     options the supervising ``serve`` left in the environment.
     """
     from ..dashboard import for_serve
+    from .processes import STARTUP_FAILURE
 
     spec = json.loads(os.environ[PROCESS_SPEC_ENV])
     configure_logging(spec["log_level"], spec["log_format"])
     # As in the one-process server (see there): the loop and the store's
     # threads share the GIL of this process.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    app = load(spec["app_spec"], spec["database_url"], **spec["changes"])
-    return for_serve(app, app.asgi(), host=spec["host"], port=spec["port"])
+    try:
+        app = load(spec["app_spec"], spec["database_url"], **spec["changes"])
+        return for_serve(app, app.asgi(), host=spec["host"], port=spec["port"])
+    except Exception:
+        # An error escaping here ends this process with status 1, which the
+        # supervisor takes for a crash and answers with a replacement that
+        # fails the same way, forever. uvicorn's start-up failure status
+        # stops it instead (see .processes).
+        logging.getLogger("onceonly.serve").exception("this serve process cannot start")
+        sys.exit(STARTUP_FAILURE)
 
 
 @click.command()
