@@ -13,6 +13,8 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from .idempotency import (
     CHUNKS,
     KEYS,
@@ -32,6 +34,19 @@ if TYPE_CHECKING:
     from .postgres import PostgresStore
 
 __all__ = ["PostgresKeyStore"]
+
+
+def _json(rows: list[Any]) -> str:
+    """A batch's rows as one JSON parameter. orjson writes it in a fraction of
+    the standard library's time (measured in benchmarks/idempotency_cpu.py);
+    what it refuses (a lone surrogate in a scope a custom `client` function
+    made) goes through ``json.dumps``, so that PostgreSQL refuses that batch
+    as before and the group commit retries its items one by one: only the
+    request that holds it fails."""
+    try:
+        return orjson.dumps(rows).decode()
+    except orjson.JSONEncodeError:
+        return json.dumps(rows)
 
 
 class PostgresKeyStore(KeyStore):
@@ -163,7 +178,7 @@ class PostgresKeyStore(KeyStore):
     def _claim_args(
         unique: Sequence[KeyClaim], now: float, lock_seconds: float, ttl: float
     ) -> list[Any]:
-        rows = json.dumps([(c.scope, c.key, c.fingerprint) for c in unique])
+        rows = _json([(c.scope, c.key, c.fingerprint) for c in unique])
         return [rows, now, lock_seconds, ttl, len(unique)]
 
     @staticmethod
@@ -180,7 +195,7 @@ class PostgresKeyStore(KeyStore):
             )
             for c in completions
         ]
-        return [json.dumps(rows), now, len(rows)]
+        return [_json(rows), now, len(rows)]
 
     async def _complete_and_claim_on(
         self,
