@@ -153,3 +153,33 @@ def test_receive_ab_runs_each_revision_from_its_own_source(
     (tmp_path / "other").mkdir()
     with pytest.raises(ab.BenchmarkError, match="cannot export src/ of 'no-such-revision'"):
         ab.export_src("no-such-revision", tmp_path / "other")
+
+
+def test_idempotency_cpu_batches_are_stored_and_timed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """--batches hands the key store real batches on a real SQLite file: every
+    completion lands, every new key is claimed (it raises otherwise), and the
+    figures are CPU time that was spent."""
+    import asyncio
+
+    import sqlalchemy as sa
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import idempotency_cpu
+
+    try:
+        database = tmp_path / "keys.db"
+        loop_s, process_s = asyncio.run(idempotency_cpu.measure_batches(f"sqlite:///{database}", 3))
+        assert 0 < loop_s <= process_s
+        engine = sa.create_engine(f"sqlite:///{database}")
+        with engine.connect() as conn:
+            statuses = conn.execute(
+                sa.text("SELECT status, count(*) FROM onceonly_idempotency_keys GROUP BY status")
+            ).all()
+        engine.dispose()
+        # Four batches of 16 claims; the first three are completed by the next.
+        assert dict(statuses) == {"done": 48, "running": 16}
+    finally:
+        for name in ("idempotency_cpu", "idempotency", "idempotency_app", "_harness"):
+            sys.modules.pop(name, None)
