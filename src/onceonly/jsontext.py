@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["dumps_text", "loads"]
+__all__ = ["dumps", "dumps_text", "loads"]
 
 # Every digit as "0": a run of 19 of them is a number orjson may not read
 # exactly (it reads an integer outside 64 bits as a float; 19 digits with a
@@ -48,3 +48,15 @@ def dumps_text(value: Mapping[str, str]) -> str:
     Non-ASCII characters are written as themselves, not ``\\u`` escapes: both
     read back the same with any JSON parser."""
     return orjson.dumps(value).decode()
+
+
+def dumps(value: Any) -> str:
+    """``json.dumps(value)``, in the compact form, as fast as orjson writes it.
+
+    What orjson refuses (a lone surrogate in a string, an integer past 64
+    bits) goes to ``json.dumps``, so such a value is written as before and
+    whatever reads it decides, as it did."""
+    try:
+        return orjson.dumps(value).decode()
+    except orjson.JSONEncodeError:
+        return json.dumps(value)

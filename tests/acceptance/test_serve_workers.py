@@ -4,8 +4,9 @@ What the operator notices, seen from outside: deliveries sent at once over
 many connections are each stored once, more than one process answers them, a
 process that dies is replaced, and SIGTERM to the one process they started
 stops them all and exits 0; a process that cannot start stops them all with a
-failure status, which a service manager sees. Which process holds which connection is read from
-``/proc`` (sockets are inodes there), so the server exposes nothing for it.
+failure status, which a service manager sees. Which process holds which
+connection is read from ``/proc`` (sockets are inodes there), so the server
+exposes nothing for it.
 """
 
 from __future__ import annotations

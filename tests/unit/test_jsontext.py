@@ -87,3 +87,12 @@ def test_loads_agrees_with_json_loads_on_any_document(value: object) -> None:
             jsontext.loads(raw)
         return
     assert repr(jsontext.loads(raw)) == repr(expected)
+
+
+def test_dumps_reads_back_as_the_standard_librarys_and_takes_what_orjson_refuses() -> None:
+    dumps = jsontext.dumps
+    rows = [("client", "key-é", 3, True, None, [["content-type", "application/json"]])]
+    assert json.loads(dumps(rows)) == json.loads(json.dumps(rows))
+    # orjson refuses both; the standard library writes them, as before.
+    assert dumps(["\udc80"]) == json.dumps(["\udc80"])
+    assert dumps([2**70]) == json.dumps([2**70])

@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import logging
 import signal
-import socket
 
-from uvicorn.config import STARTUP_FAILURE, Config
+from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors.multiprocess import Multiprocess
 
 __all__ = ["STARTUP_FAILURE", "ServeProcesses", "how_it_ended"]
@@ -48,11 +47,12 @@ def how_it_ended(exitcode: int | None) -> str:
 class ServeProcesses(Multiprocess):
     """uvicorn's supervisor of `config.workers` processes on `sockets`."""
 
-    def __init__(self, config: Config, sockets: list[socket.socket]) -> None:
-        super().__init__(config, sockets)
-        #: The pids of the processes that failed before serving, which made
-        #: the supervisor stop (empty while all is well).
-        self.failed_to_start: list[int] = []
+    @property
+    def failed_to_start(self) -> list[int]:
+        """The pids of the processes that failed before serving, which made
+        the supervisor stop (empty while all is well)."""
+        failed = [p for p in self.processes if p.exitcode == STARTUP_FAILURE]
+        return [p.pid for p in failed if p.pid is not None]
 
     def keep_subprocess_alive(self) -> None:
         # uvicorn's check replaces a dead process in place: what changed in
@@ -67,6 +67,3 @@ class ServeProcesses(Multiprocess):
                     how_it_ended(old.exitcode),
                     new.pid,
                 )
-        self.failed_to_start = [
-            p.pid for p in self.processes if p.exitcode == STARTUP_FAILURE and p.pid is not None
-        ]

@@ -207,8 +207,8 @@ def serve(
         supervisor = ServeProcesses(config, sockets=[config.bind_socket()])
         with contextlib.suppress(KeyboardInterrupt):
             supervisor.run()
-        if supervisor.failed_to_start:
-            failed = supervisor.failed_to_start
+        failed = supervisor.failed_to_start
+        if failed:
             errors.print(
                 f"[red]error:[/red] {len(failed)} of {workers} serve processes failed to start "
                 f"(pid {', '.join(map(str, failed))}; the log above says why), so serve "

@@ -28,6 +28,8 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 import orjson
 
+from ..jsontext import dumps
+
 __all__ = [
     "ClaimOutcome",
     "Completion",
@@ -74,16 +76,12 @@ class StoredResponse:
         return self.body is None
 
     def headers_json(self) -> str:
-        # orjson, once per completion and per replay read from the database;
-        # the standard library for what it refuses (a lone surrogate, which
-        # latin-1 header values never hold), so nothing changes but the time.
-        try:
-            return orjson.dumps(self.headers).decode()
-        except orjson.JSONEncodeError:
-            return json.dumps([list(h) for h in self.headers])
+        return dumps(self.headers)
 
     @classmethod
     def from_columns(cls, status: int, headers: str, body: bytes | None) -> StoredResponse:
+        # Headers onceonly wrote itself: orjson reads them, the standard
+        # library what it refuses (an escaped lone surrogate).
         try:
             pairs = orjson.loads(headers)
         except orjson.JSONDecodeError:

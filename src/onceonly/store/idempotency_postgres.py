@@ -9,12 +9,10 @@ onceonly's, as for the receive path.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
+from ..jsontext import dumps
 from .idempotency import (
     CHUNKS,
     KEYS,
@@ -34,19 +32,6 @@ if TYPE_CHECKING:
     from .postgres import PostgresStore
 
 __all__ = ["PostgresKeyStore"]
-
-
-def _json(rows: list[Any]) -> str:
-    """A batch's rows as one JSON parameter. orjson writes it in a fraction of
-    the standard library's time (measured in benchmarks/idempotency_cpu.py);
-    what it refuses (a lone surrogate in a scope a custom `client` function
-    made) goes through ``json.dumps``, so that PostgreSQL refuses that batch
-    as before and the group commit retries its items one by one: only the
-    request that holds it fails."""
-    try:
-        return orjson.dumps(rows).decode()
-    except orjson.JSONEncodeError:
-        return json.dumps(rows)
 
 
 class PostgresKeyStore(KeyStore):
@@ -174,11 +159,16 @@ class PostgresKeyStore(KeyStore):
         completing = {(c.scope, c.key) for c in completions}
         return any((c.scope, c.key) in completing for c in claims)
 
+    # Batches are written with jsontext.dumps (orjson, measured with
+    # benchmarks/idempotency_cpu.py --batches). What orjson refuses, a lone
+    # surrogate in a scope that a custom `client` function made, is written
+    # by the standard library, and PostgreSQL refuses that batch as before:
+    # group commit retries its items one by one, so only that request fails.
     @staticmethod
     def _claim_args(
         unique: Sequence[KeyClaim], now: float, lock_seconds: float, ttl: float
     ) -> list[Any]:
-        rows = _json([(c.scope, c.key, c.fingerprint) for c in unique])
+        rows = dumps([(c.scope, c.key, c.fingerprint) for c in unique])
         return [rows, now, lock_seconds, ttl, len(unique)]
 
     @staticmethod
@@ -195,7 +185,7 @@ class PostgresKeyStore(KeyStore):
             )
             for c in completions
         ]
-        return [_json(rows), now, len(rows)]
+        return [dumps(rows), now, len(rows)]
 
     async def _complete_and_claim_on(
         self,
