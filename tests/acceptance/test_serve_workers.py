@@ -185,20 +185,44 @@ def children_left(pids: set[int]) -> set[int]:
     return {pid for pid in pids if Path(f"/proc/{pid}").exists()}
 
 
-@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
-def test_a_process_that_cannot_start_stops_serve_with_a_failure_status(
-    database_url: str, tmp_path: Path
-) -> None:
-    # Loads in the supervising process, fails in the processes it spawns (as
-    # an app would that reads a file or a secret only they cannot reach).
-    (tmp_path / "startup_app.py").write_text(
+#: Apps that load in the supervising process and fail in the processes it
+#: spawns (as an app would that reads a file or a secret only they can reach),
+#: and the error each one logs there.
+FAILS_IN_PROCESSES = {
+    "building the app": (
         "import os\n"
         "from onceonly import Onceonly\n"
         f"if {PROCESS_SPEC_ENV!r} in os.environ:\n"
         "    raise RuntimeError('the signing secret file is not readable here')\n"
-        "app = Onceonly()\n"
-    )
-    env = {**os.environ, "ONCEONLY_DATABASE_URL": database_url}
+        "app = Onceonly(database_url=os.environ['TEST_DATABASE_URL'])\n",
+        "the signing secret file is not readable here",
+    ),
+    # A bug in start-up code (a migration, say) rather than a database that
+    # is down, which the server rides out with 503s.
+    # (Each app names its database: serve's --database-url, or its variable,
+    # would build a new store, without this patch.)
+    "starting up": (
+        "import os\n"
+        "from onceonly import Onceonly\n"
+        "app = Onceonly(database_url=os.environ['TEST_DATABASE_URL'])\n"
+        f"if {PROCESS_SPEC_ENV!r} in os.environ:\n"
+        "    async def broken_open():\n"
+        "        raise RuntimeError('migration 7 cannot read its own table')\n"
+        "    app.store.open = broken_open\n",
+        "migration 7 cannot read its own table",
+    ),
+}
+
+
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("failing", sorted(FAILS_IN_PROCESSES))
+def test_a_process_that_cannot_start_stops_serve_with_a_failure_status(
+    database_url: str, tmp_path: Path, failing: str
+) -> None:
+    source, error = FAILS_IN_PROCESSES[failing]
+    (tmp_path / "startup_app.py").write_text(source)
+    env = {**os.environ, "TEST_DATABASE_URL": database_url}
+    env.pop("ONCEONLY_DATABASE_URL", None)
     env["ONCEONLY_STRIPE_SECRET"] = STRIPE_SECRET
     started = time.monotonic()
     args = ["serve", "--app", "startup_app:app", "--workers", "2", "--port", str(free_port())]
@@ -212,7 +236,9 @@ def test_a_process_that_cannot_start_stops_serve_with_a_failure_status(
     )
     output = done.stdout + done.stderr
     assert done.returncode == 3, output
-    assert "the signing secret file is not readable here" in output
+    assert error in output
     assert "of 2 serve processes failed to start" in output
     assert "so serve stopped them all" in output
+    # Stopped at the first failure: no replacement was started.
+    assert "replaces it" not in output, output
     assert time.monotonic() - started < 30, output
