@@ -3,8 +3,8 @@
 The statements are :class:`onceonly.store.history.EventHistory`'s; this module
 shapes what they return for the pages and the JSON endpoints (times shown in
 UTC, counts totalled). Reads are blocking, run off the event loop by the
-caller, on the engine :func:`~onceonly.store.history.reading_engine` picks: on
-SQLite one that never takes the write lock the receiver needs.
+caller, on read-only connections (:func:`onceonly.store.engine.reading`): on
+SQLite they never take the write lock the receiver needs.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..events import EventStatus
 from ..store.activity import ActivityHistory, MinuteActivity
-from ..store.history import Attempt, EventHistory, EventSummary, reading_engine
+from ..store.history import Attempt, EventHistory, EventSummary
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
@@ -154,18 +154,13 @@ class EventReader:
         self.app = app
         self.history = EventHistory(app.engine_kind)
         self.activity_history = ActivityHistory(app.engine_kind)
-        self._engine: sa.Engine | None = None
 
     @property
     def engine(self) -> sa.Engine:
-        if self._engine is None:
-            self._engine = reading_engine(self.app.settings.database_url, lambda: self.app.engine)
-        return self._engine
-
-    def close(self) -> None:
-        if self._engine is not None and self._engine is not self.app.engine:
-            self._engine.dispose()
-        self._engine = None
+        # The deployment's: every read here takes a read-only connection of
+        # its own (store.engine.reading), which on SQLite leaves the write
+        # lock to the receiver and the worker.
+        return self.app.engine
 
     def counts(self) -> Counts:
         tallies = self.history.tallies(self.engine)

@@ -2,23 +2,24 @@
 dashboard lists, counts and shows.
 
 Everything here reads; nothing writes. :class:`EventHistory` holds the named
-statements per engine and returns typed values. The caller picks the engine
-it reads on (see :func:`reading_engine` for the dashboard's, which must not
-take SQLite's write lock).
+statements per engine and returns typed values. Each read is a read-only
+connection (:func:`~onceonly.store.engine.reading`): on SQLite it never takes
+the write lock, so a Prometheus scrape or a dashboard page neither waits for a
+worker's transaction nor makes a delivery wait for its count.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 
+from .engine import reading
 from .errors import translated
-from .url import DatabaseURL
 
 __all__ = [
     "QUEUE_STATUSES",
@@ -30,7 +31,6 @@ __all__ = [
     "Moment",
     "QueueStats",
     "Tallies",
-    "reading_engine",
 ]
 
 #: A stored time as the engine returns it: a ``datetime`` (PostgreSQL's
@@ -199,7 +199,7 @@ class EventHistory:
     def queue(self, engine: sa.Engine, *, cap: int = 100_000) -> QueueStats:
         """Unfinished events per status (each count stops at `cap`) and the age
         of the oldest pending one, in one short read transaction."""
-        with translated("reading the queue"), engine.connect() as conn:
+        with translated("reading the queue"), reading(engine) as conn:
             rows = conn.execute(sa.text(self._sql.queue_depth), {"cap": cap}).all()
             age = conn.execute(sa.text(self._sql.oldest_pending_age)).scalar()
         depth = {str(row.status): int(row.n) for row in rows}
@@ -207,7 +207,7 @@ class EventHistory:
 
     def oldest_pending_age(self, engine: sa.Engine) -> float:
         """Seconds since the oldest pending event was received (0: none waits)."""
-        with translated("reading the queue"), engine.connect() as conn:
+        with translated("reading the queue"), reading(engine) as conn:
             age = conn.execute(sa.text(self._sql.oldest_pending_age)).scalar()
         return max(0.0, float(age or 0.0))
 
@@ -215,7 +215,7 @@ class EventHistory:
 
     def tallies(self, engine: sa.Engine) -> Tallies:
         """Events (and their duplicate deliveries) by provider and status."""
-        with translated("counting events"), engine.connect() as conn:
+        with translated("counting events"), reading(engine) as conn:
             counted = "duplicates" in self._columns(conn)
             extra = ", coalesce(sum(duplicates), 0) AS duplicates" if counted else ""
             rows = conn.execute(
@@ -275,7 +275,7 @@ class EventHistory:
             where.append("id < :before_id")
             params["before_id"] = before_id
         clause = f" WHERE {' AND '.join(where)}" if where else ""
-        with translated("listing events"), engine.connect() as conn:
+        with translated("listing events"), reading(engine) as conn:
             present = self._columns(conn)
             if (object_id and "object_id" not in present) or (tenant and "tenant" not in present):
                 return []  # a schema from before object ids or tenants: none match
@@ -291,7 +291,7 @@ class EventHistory:
 
     def event(self, engine: sa.Engine, pk: int) -> EventRecord | None:
         """The event with this row id, its payload and its attempts."""
-        with translated("reading an event"), engine.connect() as conn:
+        with translated("reading an event"), reading(engine) as conn:
             present = self._columns(conn)
             extra = "".join(f", {c}" for c in OPTIONAL_COLUMNS if c in present)
             row = conn.execute(
@@ -321,7 +321,7 @@ class EventHistory:
 
     def attempts(self, engine: sa.Engine, pk: int) -> list[Attempt]:
         """The recorded attempts of one event, oldest first."""
-        with translated("reading attempts"), engine.connect() as conn:
+        with translated("reading attempts"), reading(engine) as conn:
             return self._attempts(conn, pk)
 
     def _attempts(self, conn: sa.Connection, pk: int) -> list[Attempt]:
@@ -360,27 +360,4 @@ def _summary(row: sa.Row[Any]) -> EventSummary:
         duplicates=int(mapping["duplicates"] or 0) if "duplicates" in mapping else None,
         object_id=mapping.get("object_id"),
         tenant=mapping.get("tenant") or "",
-    )
-
-
-def reading_engine(database_url: str, shared: Callable[[], sa.Engine]) -> sa.Engine:
-    """The engine the dashboard reads on.
-
-    On PostgreSQL, the deployment's own (`shared`). On SQLite, a separate one in
-    autocommit mode, with connections of its own opened like every other
-    (pragmas and all): the deployment's engine opens every transaction with
-    ``BEGIN IMMEDIATE`` (the write lock, right for the worker), and a page
-    polling counts every two seconds must not take the lock the receiver
-    needs; in WAL mode a plain read never blocks a writer.
-    """
-    url = DatabaseURL.parse(database_url)
-    if url.kind == "postgresql":
-        return shared()
-    from .sqlite import connect
-
-    return sa.create_engine(
-        f"sqlite+pysqlite:///{url.path}",
-        creator=lambda: connect(url.path, url.busy_timeout_ms),
-        poolclass=sa.pool.NullPool,
-        isolation_level="AUTOCOMMIT",
     )
