@@ -230,6 +230,9 @@ class CpuUse:
     other_pct: float  # processes that are not part of the benchmark, % of the machine
     server_cpu_s: float = 0.0  # the server's process tree, CPU seconds (user + system)
     server_processes: int = 1  # processes in that tree at the end (uvicorn workers + 1)
+    postgres_cpu_s: float = 0.0  # PostgreSQL's processes (0 on the other targets)
+    load_cpu_s: float = 0.0  # this script and its children: the load generator (wrk)
+    idle_pct: float = 0.0  # the machine's idle time, % of all its CPUs
 
 
 class CpuMeter:
@@ -257,12 +260,16 @@ class CpuMeter:
         server = server_ticks - self.server
         postgres = _postgres_ticks() - self.postgres
         own = _own_ticks() - self.own
-        foreign = (busy - self.machine[0]) - server - postgres - own
+        machine_busy, machine_total = busy - self.machine[0], max(1, total - self.machine[1])
+        foreign = machine_busy - server - postgres - own
         return CpuUse(
             server_pct=round(100 * server / CLOCK_TICKS / elapsed, 1),
-            other_pct=round(max(0.0, 100 * foreign / max(1, total - self.machine[1])), 1),
+            other_pct=round(max(0.0, 100 * foreign / machine_total), 1),
             server_cpu_s=server / CLOCK_TICKS,
             server_processes=processes,
+            postgres_cpu_s=postgres / CLOCK_TICKS,
+            load_cpu_s=own / CLOCK_TICKS,
+            idle_pct=round(100 - 100 * machine_busy / machine_total, 1),
         )
 
 

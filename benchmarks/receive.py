@@ -346,6 +346,11 @@ class TargetResult:
     cpu_us_per_request: float | None  # server_cpu_s / requests
     ratio_vs_lean: float | None = None
     ratio_vs_bare: float | None = None
+    # The rest of the machine's CPU per request: PostgreSQL's processes (None
+    # on the other targets) and the load generator (wrk and this script).
+    db_us_per_request: float | None = None
+    load_us_per_request: float | None = None
+    idle_pct: float | None = None  # the machine's idle time, % of all its CPUs
     warnings: list[str] = field(default_factory=list)
     row_checks: list[RowCheck] = field(default_factory=list)
     total_rows: int | None = None
@@ -474,9 +479,12 @@ def measure(
         other_cpu_pct=cpu.other_pct,
         server_cpu_s=round(cpu.server_cpu_s, 3),
         server_processes=cpu.server_processes,
-        cpu_us_per_request=(
-            round(cpu.server_cpu_s * 1e6 / run.requests, 1) if run.requests else None
+        cpu_us_per_request=per_request(cpu.server_cpu_s, run.requests),
+        db_us_per_request=(
+            per_request(cpu.postgres_cpu_s, run.requests) if target == "postgres" else None
         ),
+        load_us_per_request=per_request(cpu.load_cpu_s, run.requests),
+        idle_pct=cpu.idle_pct,
     )
     if workers > 1 and cpu.server_processes <= workers:
         result.warnings.append(
@@ -622,6 +630,41 @@ def check_serve_workers() -> None:
         )
 
 
+def per_request(cpu_s: float, requests: int) -> float | None:
+    """CPU seconds spread over the requests answered, in microseconds."""
+    return round(cpu_s * 1e6 / requests, 1) if requests else None
+
+
+def budget_lines(results: Sequence[TargetResult]) -> list[str]:
+    """Whether this machine has the CPU for the goal's rate at the CPU per
+    request measured: server, PostgreSQL and the load generator share it."""
+    cpus = len(os.sched_getaffinity(0))
+    lines = []
+    for r in results:
+        lean = next(
+            (x for x in results if x.target == "lean" and x.connections == r.connections), None
+        )
+        if r.target not in ONCEONLY_TARGETS or lean is None or r.cpu_us_per_request is None:
+            continue
+        rate = GOAL_RATIO * lean.requests_per_s
+        whole = r.cpu_us_per_request + (r.db_us_per_request or 0) + (r.load_us_per_request or 0)
+        budget = cpus * 1e6 / rate
+        lines.append(
+            f"budget {r.target} c{r.connections}: at {GOAL_RATIO:.0%} of lean ({rate:,.0f} "
+            f"req/s) {cpus} CPUs give {budget:.0f} µs per request; this run used {whole:.0f} "
+            f"(server {r.cpu_us_per_request:.0f}, database {r.db_us_per_request or 0:.0f}, "
+            f"load {r.load_us_per_request or 0:.0f}), so the rate "
+            f"{'fits' if whole <= budget else 'does not fit'} in the machine"
+        )
+        if r.server_processes == 1 and r.cpu_us_per_request * rate > 1e6:
+            # One event loop: its thread, and on SQLite the store's, share one GIL.
+            lines.append(
+                f"  and the one server process would need {r.cpu_us_per_request * rate / 1e4:.0f}% "
+                "of a core at that rate"
+            )
+    return lines
+
+
 def goal_lines(results: Sequence[TargetResult], settings: Settings) -> list[str]:
     goal = (
         f"goal at {GOAL_CONNECTIONS} connections: onceonly >= {GOAL_RATIO:.0%} of lean "
@@ -673,28 +716,35 @@ def print_table(
         print(f"note: {note}")
     columns = (
         f"{'target':<10}{'conns':>6}{'requests/s':>11}{'p50 ms':>8}{'p99 ms':>8}{'non-2xx':>8}"
-        f"{'vs lean':>8}{'vs bare':>8}{'µs/req':>8}{'srv CPU':>8}{'other':>7}"
-        f"  {'checks':<8}{'goal':<6}"
+        f"{'vs lean':>8}{'vs bare':>8}{'µs/req':>8}{'db µs':>7}{'load µs':>8}"
+        f"{'srv CPU':>8}{'idle':>6}{'other':>7}  {'checks':<8}{'goal':<6}"
     )
     print(columns)
     print("-" * len(columns))
     for r in results:
         check = ("OK" if r.ok else "FAILED") if r.database is not None or not r.ok else "-"
         goal = {None: "-", True: "met", False: "MISSED"}[r.goal_met()]
-        cpu = f"{r.cpu_us_per_request:.0f}" if r.cpu_us_per_request is not None else "-"
+        cpu, db, load = (
+            f"{v:.0f}" if v is not None else "-"
+            for v in (r.cpu_us_per_request, r.db_us_per_request, r.load_us_per_request)
+        )
+        idle = f"{r.idle_pct:.0f}%" if r.idle_pct is not None else "-"
         print(
             f"{r.target:<10}{r.connections:>6}{r.requests_per_s:>11,.0f}{r.p50_ms:>8.2f}"
             f"{r.p99_ms:>8.2f}{r.non_2xx:>8}{_ratio(r.ratio_vs_lean):>8}"
-            f"{_ratio(r.ratio_vs_bare):>8}{cpu:>8}{r.server_cpu_pct:>7.0f}%"
-            f"{r.other_cpu_pct:>6.0f}%  {check:<8}{goal:<6}"
+            f"{_ratio(r.ratio_vs_bare):>8}{cpu:>8}{db:>7}{load:>8}{r.server_cpu_pct:>7.0f}%"
+            f"{idle:>6}{r.other_cpu_pct:>6.0f}%  {check:<8}{goal:<6}"
         )
     for line in goal_lines(results, settings):
+        print(line)
+    for line in budget_lines(results):
         print(line)
     print("vs lean, vs bare: requests/s against that baseline at the same connection count")
     print(
         "µs/req: CPU time (user + system) of the server and its child processes per request "
-        "answered;\nsrv CPU: the same, % of one core; other: CPU used by anything outside the "
-        "benchmark, % of the machine"
+        "answered;\ndb µs: the same for PostgreSQL's processes; load µs: for wrk and this "
+        "script;\nsrv CPU: the server's, % of one core; idle: the machine's idle time, % of "
+        "all its CPUs;\nother: CPU used by anything outside the benchmark, % of the machine"
     )
     for r in results:
         for c in r.row_checks:
