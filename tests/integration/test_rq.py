@@ -10,14 +10,13 @@ from types import ModuleType
 
 import pytest
 import redis
-import sqlalchemy as sa
 from rq import Queue, SimpleWorker
 from rq.job import JobStatus
 
 import celery_shop
 from celery_support import CardApi, broker_url
 from onceonly.tasks import task_effect_key
-from processes import rows
+from processes import engine_for, rows
 
 
 def fresh_shop(database_url: str, card: CardApi, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
@@ -30,7 +29,7 @@ def fresh_shop(database_url: str, card: CardApi, monkeypatch: pytest.MonkeyPatch
 def test_rq_jobs_of_one_key_charge_and_write_once(
     redis_url: str, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    db = sa.create_engine(database_url)
+    db = engine_for(database_url)
     with db.begin() as conn:
         conn.exec_driver_sql(celery_shop.PAYMENTS)
     card = CardApi()
