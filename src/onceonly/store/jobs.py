@@ -18,6 +18,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from .engine import reading
 from .errors import translated
 
 __all__ = ["JobRecords", "JobRow"]
@@ -257,7 +258,7 @@ class JobRecords:
         """Delete (or only count) finished keys whose memory expired; how many."""
         params = self._params()
         if dry_run:
-            with translated("counting expired job keys"), engine.begin() as conn:
+            with translated("counting expired job keys"), reading(engine) as conn:
                 return int(conn.execute(sa.text(self._s.purgeable), params).scalar_one())
         with translated("purging expired job keys"), engine.begin() as conn:
             return conn.execute(sa.text(self._s.purge), params).rowcount
