@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -170,9 +171,36 @@ def test_two_processes_store_each_delivery_once_and_stop_together(
         kill_all(server, children_left(everyone))
 
 
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+def test_processes_stop_when_their_supervisor_is_killed(database_url: str, tmp_path: Path) -> None:
+    # SIGKILL (the OOM killer, say) gives the supervisor no chance to stop its
+    # processes: they must notice and stop, or they serve on, orphans holding
+    # the port a restarted serve needs.
+    env = {**os.environ, "ONCEONLY_DATABASE_URL": database_url}
+    env["ONCEONLY_STRIPE_SECRET"] = STRIPE_SECRET
+    server = Server(env, tmp_path, "--workers", "2")
+    processes: set[int] = set()
+    try:
+        wait_for("two serving processes", lambda: len(serving(server)) == 2, 20)
+        processes = serving(server)
+        server.process.kill()
+        server.process.wait(10)
+        wait_for("the orphaned processes to stop", lambda: not children_left(processes), 15)
+        # Their output ends when the last of them is gone.
+        output = server.stop()
+        for pid in processes:
+            assert f"serve process {pid} stops" in output, output
+        assert "Traceback" not in output, output
+        # The port is free again for the next serve.
+        with socket.create_server(("127.0.0.1", server.port)):
+            pass
+    finally:
+        kill_all(server, children_left(processes))
+
+
 def kill_all(server: Server, pids: set[int]) -> None:
     """After a failure: no process is left holding the port (SIGKILL to the
-    supervisor alone would leave its children running)."""
+    supervisor alone would leave its children running for a second or so)."""
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

@@ -16,19 +16,31 @@ are added here:
 uvicorn tells a failed start from a crash by the exit status
 :data:`STARTUP_FAILURE` alone, so a process whose app cannot be built exits
 with it (:func:`onceonly.cli.server.serve_process_app`).
+
+And one thing uvicorn does not do at all: when the supervisor itself is
+killed (SIGKILL, the OOM killer), its processes would go on serving, orphans
+holding the port, so that a restarted ``serve`` could not bind it and the old
+code would answer forever. Each process watches for that
+(:func:`stop_with_supervisor`) and stops gracefully.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import threading
+import time
 
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors.multiprocess import Multiprocess
 
-__all__ = ["STARTUP_FAILURE", "ServeProcesses", "how_it_ended"]
+__all__ = ["STARTUP_FAILURE", "ServeProcesses", "how_it_ended", "stop_with_supervisor"]
 
 log = logging.getLogger("onceonly.serve")
+
+#: How often (seconds) a serve process checks that its supervisor is alive.
+SUPERVISOR_CHECK_S = 1.0
 
 
 def how_it_ended(exitcode: int | None) -> str:
@@ -67,3 +79,26 @@ class ServeProcesses(Multiprocess):
                     how_it_ended(old.exitcode),
                     new.pid,
                 )
+
+
+def stop_with_supervisor(supervisor: int, *, every: float = SUPERVISOR_CHECK_S) -> threading.Thread:
+    """In a serve process: SIGTERM to this process (uvicorn's graceful stop:
+    in-flight deliveries are answered) once `supervisor` is no longer its
+    parent, which on Linux means it died and this process was handed to init.
+
+    A daemon thread that wakes every `every` seconds; it is started and returned.
+    """
+
+    def watch() -> None:
+        while os.getppid() == supervisor:
+            time.sleep(every)
+        log.warning(
+            "the supervising serve process %s is gone; serve process %s stops",
+            supervisor,
+            os.getpid(),
+        )
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, name="onceonly-supervisor-watch", daemon=True)
+    thread.start()
+    return thread

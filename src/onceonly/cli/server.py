@@ -194,6 +194,8 @@ def serve(
                 "port": port,
                 "log_level": log_level,
                 "log_format": log_format,
+                # Each process stops when this one is gone (see .processes).
+                "supervisor": os.getpid(),
             }
         )
         # uvicorn's supervisor binds the socket here and spawns the processes
@@ -246,10 +248,11 @@ def serve_process_app() -> ASGIApp:
     options the supervising ``serve`` left in the environment.
     """
     from ..dashboard import for_serve
-    from .processes import STARTUP_FAILURE
+    from .processes import STARTUP_FAILURE, stop_with_supervisor
 
     spec = json.loads(os.environ[PROCESS_SPEC_ENV])
     configure_logging(spec["log_level"], spec["log_format"])
+    stop_with_supervisor(spec["supervisor"])
     # As in the one-process server (see there): the loop and the store's
     # threads share the GIL of this process.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
