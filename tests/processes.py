@@ -161,15 +161,6 @@ def start_server(procs: list[Proc], app: str, env: dict[str, str], cwd: Path) ->
 # The database, as the tests see it.
 
 
-def engine_for(database_url: str) -> sa.Engine:
-    """A SQLAlchemy engine on onceonly's URL. Its PostgreSQL URLs name no
-    driver; SQLAlchemy 2.0 would take that for psycopg2, which is not
-    installed (onceonly depends on psycopg 3)."""
-    if database_url.startswith("postgresql://"):
-        database_url = "postgresql+psycopg://" + database_url.removeprefix("postgresql://")
-    return sa.create_engine(database_url)
-
-
 def rows(engine: sa.Engine, sql: str, **params: Any) -> list[tuple[Any, ...]]:
     with engine.connect() as conn:
         return [tuple(row) for row in conn.execute(sa.text(sql), params)]

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import celery_shop
 from celery_support import CardApi, Queue, shop_env, start_celery_worker, wait_file
+from onceonly.db import create_engine
 from onceonly.tasks import task_effect_key
-from processes import Proc, engine_for, rows
+from processes import Proc, rows
 
 LEASE = 1.0
 TIMEOUT = 60
@@ -29,7 +30,7 @@ TIMEOUT = 60
 def test_a_worker_killed_after_the_charge_neither_charges_nor_writes_twice(
     redis_url: str, database_url: str, tmp_path: Path, procs: list[Proc]
 ) -> None:
-    db = engine_for(database_url)
+    db = create_engine(database_url)
     with db.begin() as conn:
         conn.exec_driver_sql(celery_shop.PAYMENTS)
     queue, card = Queue.new(), CardApi()
@@ -86,7 +87,7 @@ def test_a_pool_child_killed_mid_task_is_given_back_and_acts_once(
     """A prefork child SIGKILLed after the charge: its parent gives the message
     back (``reject_on_worker_lost``), another child waits out the dead one's
     lease and finishes the task without charging again."""
-    db = engine_for(database_url)
+    db = create_engine(database_url)
     with db.begin() as conn:
         conn.exec_driver_sql(celery_shop.PAYMENTS)
     queue, card = Queue.new(), CardApi()

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from celery_support import CardApi, Queue, start_celery_worker
+from onceonly.db import create_engine
 from onceonly.tasks import task_effect_key
-from processes import Proc, app_env, engine_for, rows
+from processes import Proc, app_env, rows
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "celery.md"
 
@@ -35,7 +36,7 @@ def test_the_documented_celery_example_charges_and_writes_once(
         again = queue.send("charge", 42, 1990, module="tasks").get(timeout=30)
         assert first == again
         assert card.calls() == {task_effect_key("charge:42", "charge"): 1}
-        db = engine_for(database_url)
+        db = create_engine(database_url)
         assert rows(db, "SELECT order_id, charge_id FROM payments") == [(42, first)]
         db.dispose()
         with pytest.raises(Exception, match="other arguments"):

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from processes import engine_for
+from onceonly.db import create_engine
 from support import STRIPE_SECRET, free_port, stripe_delivery
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "integration.md"
@@ -103,7 +103,7 @@ def test_the_documented_application_creates_one_order_per_client_and_one_payment
         assert [a.status_code for a in answers] == [200, 200, 200]
         assert [a.headers["onceonly-duplicate"] for a in answers] == ["false", "true", "true"]
 
-    engine = engine_for(database_url)
+    engine = create_engine(database_url)
     try:
         deadline = time.monotonic() + 20
         while True:

@@ -18,7 +18,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from processes import Proc, engine_for, start_gunicorn, stop_cleanly
+from onceonly.db import create_engine
+from processes import Proc, start_gunicorn, stop_cleanly
 from support import STRIPE_SECRET, stripe_delivery
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "flask.md"
@@ -144,7 +145,7 @@ def test_the_documented_flask_app_stores_each_delivery_once_and_runs_each_order_
         "worker", ["worker", "--app", "flask_app:onceonly", "--concurrency", "1"], env, tmp_path
     )
     procs.append(worker)
-    engine = engine_for(database_url)
+    engine = create_engine(database_url)
     try:
         deadline = time.monotonic() + 20
         while True:

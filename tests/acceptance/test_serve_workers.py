@@ -24,7 +24,8 @@ import httpx
 import pytest
 
 from onceonly.cli.server import PROCESS_SPEC_ENV
-from processes import engine_for, scalar, wait_for
+from onceonly.db import create_engine
+from processes import scalar, wait_for
 from support import ONCEONLY, STRIPE_SECRET, Server, free_port, stripe_delivery
 
 LISTEN, ESTABLISHED = "0A", "01"
@@ -136,7 +137,7 @@ def test_two_processes_store_each_delivery_once_and_stop_together(
                 break
         assert answered == first, f"only {answered} of {first} answered"
 
-        engine = engine_for(database_url)
+        engine = create_engine(database_url)
         try:
             stored = scalar(engine, "SELECT count(*) FROM onceonly_events")
             distinct = scalar(engine, "SELECT count(DISTINCT event_id) FROM onceonly_events")

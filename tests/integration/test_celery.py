@@ -17,8 +17,9 @@ import sqlalchemy as sa
 
 import celery_shop
 from celery_support import CardApi, Queue, shop_env, start_celery_worker, wait_file
+from onceonly.db import create_engine
 from onceonly.tasks import task_effect_key
-from processes import Proc, engine_for, rows
+from processes import Proc, rows
 
 RESULT_TIMEOUT = 30
 
@@ -44,7 +45,7 @@ class Shop:
 
 @pytest.fixture
 def shop(redis_url: str, database_url: str, tmp_path: Path, procs: list[Proc]) -> Iterator[Shop]:
-    db = engine_for(database_url)
+    db = create_engine(database_url)
     with db.begin() as conn:
         conn.exec_driver_sql(celery_shop.PAYMENTS)
     queue, card = Queue.new(), CardApi()

@@ -16,7 +16,8 @@ from celery_support import CardApi, Queue, shop_env, start_celery_worker
 from onceonly import NewEvent, Onceonly, create_store
 from onceonly.context import effect_key
 from onceonly.contrib.celery import EventOutlet
-from processes import Proc, engine_for, rows, statuses
+from onceonly.db import create_engine
+from processes import Proc, rows, statuses
 
 EVENTS = ["evt_a", "evt_b", "evt_c", "evt_flaky"]
 TIMEOUT = 30
@@ -42,7 +43,7 @@ def claim_of(db: sa.Engine, event_id: str) -> tuple[int, int]:
 def test_events_handed_to_celery_are_processed_once_with_their_writes(
     redis_url: str, database_url: str, tmp_path: Path, procs: list[Proc]
 ) -> None:
-    db = engine_for(database_url)
+    db = create_engine(database_url)
     with db.begin() as conn:
         conn.exec_driver_sql(celery_outlet_app.PAYMENTS)
     deliver(database_url, *EVENTS)

@@ -15,8 +15,9 @@ from rq.job import JobStatus
 
 import celery_shop
 from celery_support import CardApi, broker_url
+from onceonly.db import create_engine
 from onceonly.tasks import task_effect_key
-from processes import engine_for, rows
+from processes import rows
 
 
 def fresh_shop(database_url: str, card: CardApi, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
@@ -29,7 +30,7 @@ def fresh_shop(database_url: str, card: CardApi, monkeypatch: pytest.MonkeyPatch
 def test_rq_jobs_of_one_key_charge_and_write_once(
     redis_url: str, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    db = engine_for(database_url)
+    db = create_engine(database_url)
     with db.begin() as conn:
         conn.exec_driver_sql(celery_shop.PAYMENTS)
     card = CardApi()

@@ -5,9 +5,9 @@ dies and stops them all on SIGTERM. Two things it does not tell the operator
 are added here:
 
 - A process that fails before it serves (its app or start-up is broken, so a
-  replacement would fail the same way) makes uvicorn stop the others, and
-  ``uvicorn.run`` then returns as if all went well: a service manager would
-  read exit status 0 and not restart it. :attr:`ServeProcesses.failed_to_start`
+  replacement would fail the same way) makes uvicorn stop the others, and the
+  supervisor's ``run`` then returns as if all went well: a service manager
+  would read exit status 0 and not restart it. :attr:`ServeProcesses.failed_to_start`
   says so, and ``serve`` exits with uvicorn's own start-up failure status.
 - A process that dies while serving (killed by the OOM killer, a crash in a C
   extension) is replaced with one line at info level. Here it is also a
@@ -81,12 +81,12 @@ class ServeProcesses(Multiprocess):
                 )
 
 
-def stop_with_supervisor(supervisor: int, *, every: float = SUPERVISOR_CHECK_S) -> threading.Thread:
+def stop_with_supervisor(supervisor: int, *, every: float = SUPERVISOR_CHECK_S) -> None:
     """In a serve process: SIGTERM to this process (uvicorn's graceful stop:
     in-flight deliveries are answered) once `supervisor` is no longer its
     parent, which on Linux means it died and this process was handed to init.
 
-    A daemon thread that wakes every `every` seconds; it is started and returned.
+    A daemon thread that wakes every `every` seconds.
     """
 
     def watch() -> None:
@@ -99,6 +99,4 @@ def stop_with_supervisor(supervisor: int, *, every: float = SUPERVISOR_CHECK_S) 
         )
         os.kill(os.getpid(), signal.SIGTERM)
 
-    thread = threading.Thread(target=watch, name="onceonly-supervisor-watch", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=watch, name="onceonly-supervisor-watch", daemon=True).start()
