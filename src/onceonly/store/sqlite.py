@@ -13,9 +13,9 @@ import asyncio
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from .._exceptions import StoreError, StoreRejected, StoreUnavailable
 from ..events import Event, EventStatus, NewEvent, Receipt
@@ -60,6 +60,12 @@ _FOUND_TAIL = (
     " ON ev.provider = b.column2 AND ev.tenant = b.column3 AND ev.event_id = b.column4"
 )
 _ROWS_PER_STATEMENT = 3000
+#: A COMMIT that took longer than this sends the next one to the inbox's
+#: thread (see _InboxWriter): the event loop should not wait that long.
+INLINE_COMMIT_SECONDS = 0.001
+#: A batch whose bodies add up to more than this is written on the inbox's
+#: thread: copying them into the database would hold the event loop up.
+INLINE_BYTES = 256 * 1024
 _COLUMNS = event_columns()
 
 # Errors that mean "the database cannot take this now" rather than a bug:
@@ -84,6 +90,18 @@ def _translate(exc: sqlite3.Error) -> StoreError:
     if isinstance(exc, sqlite3.DataError):  # "string or blob too big" and the like
         return StoreRejected(f"SQLite: {message}")
     return StoreError(f"SQLite: {message}")
+
+
+def _raise_store_error(exc: BaseException) -> NoReturn:
+    """Raise what a failed call gives its caller: sqlite3's errors as onceonly's,
+    anything else as it is."""
+    if isinstance(exc, sqlite3.Error):
+        raise _translate(exc) from exc
+    if isinstance(exc, UnicodeError | OverflowError):
+        # Raised by sqlite3 while binding a value it cannot store (a lone
+        # surrogate, an integer past 64 bits).
+        raise StoreRejected(f"SQLite cannot store a value: {exc}") from exc
+    raise exc
 
 
 def wal_mode(conn: sqlite3.Connection, busy_timeout_ms: int) -> None:
@@ -141,6 +159,187 @@ def connect(path: str, busy_timeout_ms: int) -> sqlite3.Connection:
     return conn
 
 
+Returned = dict[tuple[str, str, str], tuple[int, int]]
+
+
+def _write_rows(
+    conn: sqlite3.Connection, unique: Sequence[NewEvent], extra: dict[Any, int]
+) -> Returned:
+    """Insert a batch's rows in the transaction open on `conn`: for each key,
+    its row's id and duplicate count (a copy already stored gains one)."""
+    returned: Returned = {}
+    for start in range(0, len(unique), _ROWS_PER_STATEMENT):
+        chunk = unique[start : start + _ROWS_PER_STATEMENT]
+        params: list[object] = []
+        keys: list[object] = []
+        rows: list[str] = []
+        for n, e in enumerate(chunk):
+            params += (
+                e.provider,
+                e.tenant,
+                e.event_id,
+                e.event_type,
+                e.body,
+                dumps_text(e.headers),
+                e.object_id,
+                e.occurred_at.timestamp() if e.occurred_at is not None else None,
+                e.ordering_key,
+            )
+            keys += (n, e.provider, e.tenant, e.event_id)
+            copies = extra.get((e.provider, e.tenant, e.event_id)) if extra else None
+            if copies:
+                params.append(copies)
+                rows.append(_ROW_WITH_COPIES)
+            else:
+                rows.append(_ROW)
+        conn.execute(_INSERT_HEAD + ", ".join(rows) + _INSERT_TAIL, params)
+        found_sql = _FOUND_HEAD + ", ".join([_FOUND_ROW] * len(chunk)) + _FOUND_TAIL
+        (found,) = conn.execute(found_sql, keys).fetchone()
+        for item in found.split(","):
+            place, row_id, duplicates = item.split(" ")
+            e = chunk[int(place)]
+            returned[(e.provider, e.tenant, e.event_id)] = (int(row_id), int(duplicates))
+    return returned
+
+
+class _InboxWriter:
+    """The receive path's writes: a connection of their own, a thread of their own.
+
+    A batch's rows go in on the event loop, and so does its COMMIT while
+    commits are quick (:data:`INLINE_COMMIT_SECONDS`, as on a local SSD):
+    the loop then gives SQLite a few hundred microseconds per batch, and
+    nothing else. On a thread the same work costs the loop more, because
+    sqlite3 lets go of the GIL for each call and each row, and each time
+    takes it back from the busy loop (docs/benchmarks.md has the A/B figures).
+    A slow commit sends the next one to the thread, so that on a slow disk
+    the loop keeps answering while the disk syncs; the one after that is
+    judged by how long that one took. SQLite's own checkpoints, every 1000
+    pages of WAL, run inside a COMMIT, so one in that many batches takes a
+    few milliseconds longer wherever its commit runs.
+
+    The write lock is only ever tried on the loop, never waited for: when
+    another writer (a worker) holds it, the whole batch waits on the thread,
+    with the receiver's priority (:mod:`.write_lock`); so does a batch of
+    big bodies (:data:`INLINE_BYTES`), whose copying would hold the loop up.
+    """
+
+    def __init__(self, store: SQLiteStore) -> None:
+        self._store = store
+        self._conn: sqlite3.Connection | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        # The thread's work for the last batch, while it may still be running.
+        self._work: Future[Returned] | None = None
+        self._opening: Future[sqlite3.Connection] | None = None
+        self._last_commit = 0.0  # seconds the last COMMIT took, wherever it ran
+
+    async def insert(self, unique: Sequence[NewEvent], extra: dict[Any, int]) -> Returned:
+        conn = await self._connection()
+        while self._work is not None and not self._work.done():
+            # The thread still has the connection (a batch whose callers went
+            # away, or a caller beside the group commit): wait until it is done.
+            await asyncio.wait([asyncio.wrap_future(self._work)])
+        store = self._store
+        # From here to the COMMIT or the hand-over, nothing awaits: no other
+        # batch can come in between.
+        try:
+            inline = sum(len(e.body) for e in unique) <= INLINE_BYTES and (
+                store._write_lock.try_begin(conn.execute, busy_timeout_ms=store.busy_timeout_ms)
+            )
+            if inline:
+                returned = _write_rows(conn, unique, extra)
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.rollback()
+            _raise_store_error(exc)
+        if not inline:
+            # Big bodies, or another writer (a worker) holds the lock: all on
+            # the thread, which waits for it with the receiver's priority.
+            return await self._on_thread(self._write_waiting, conn, unique, extra)
+        if self._last_commit > INLINE_COMMIT_SECONDS:
+            return await self._on_thread(self._commit, conn, returned)
+        return self._commit(conn, returned)
+
+    async def _on_thread(self, fn: Callable[..., Returned], *args: Any) -> Returned:
+        assert self._executor is not None
+        work = self._work = self._executor.submit(fn, *args)
+        # Shielded: cancelling the callers must not cancel a COMMIT that has
+        # not started yet, or the transaction would stay open.
+        return await asyncio.shield(asyncio.wrap_future(work))
+
+    def _write_waiting(
+        self, conn: sqlite3.Connection, unique: Sequence[NewEvent], extra: dict[Any, int]
+    ) -> Returned:
+        """On the thread: the whole batch, once the write lock is ours."""
+        try:
+            self._store.begin(conn)
+            returned = _write_rows(conn, unique, extra)
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.rollback()
+            _raise_store_error(exc)
+        return self._commit(conn, returned)
+
+    def _commit(self, conn: sqlite3.Connection, returned: Returned) -> Returned:
+        """COMMIT (or roll back if that fails); then `returned`."""
+        started = time.perf_counter()
+        try:
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.rollback()
+            _raise_store_error(exc)
+        finally:
+            self._last_commit = time.perf_counter() - started
+        return returned
+
+    async def _connection(self) -> sqlite3.Connection:
+        """The connection, opened on the thread the first time (by one caller
+        for all who ask meanwhile; after a failure, by the next one to ask)."""
+        if self._conn is not None:
+            return self._conn
+        if self._opening is None:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="onceonly-inbox")
+            self._opening = self._executor.submit(self._connect)
+        opening = self._opening
+        try:
+            # Shielded: a caller going away does not call off the opening.
+            conn = await asyncio.shield(asyncio.wrap_future(opening))
+        except BaseException:
+            if self._opening is opening and opening.done():
+                self._opening = None  # the next caller tries again
+            raise
+        if self._opening is not opening:
+            # close() ran meanwhile, and closed it.
+            raise StoreUnavailable("SQLite: the store is closing")
+        self._conn = conn
+        return conn
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = self._store._connect()
+            self._store._write_lock.prepare_receiver()
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
+        return conn
+
+    async def close(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        # After whatever the thread still has to do: it runs in order.
+        await asyncio.wrap_future(executor.submit(self._close_connection))
+        executor.shutdown(wait=True)
+
+    def _close_connection(self) -> None:
+        conn, opening = self._conn, self._opening
+        self._conn = self._opening = self._work = None
+        if conn is None and opening is not None and opening.exception() is None:
+            conn = opening.result()  # opened, and its caller has not resumed yet
+        if conn is not None:
+            conn.close()
+
+
 class SQLiteStore(Store):
     engine = "sqlite"
 
@@ -156,6 +355,7 @@ class SQLiteStore(Store):
         self._ready = False
         self._write_lock = WriteLock.of(self.path)
         self._key_store: KeyStore | None = None
+        self._inbox = _InboxWriter(self)
 
     # The dedicated thread.
 
@@ -176,13 +376,7 @@ class SQLiteStore(Store):
             # writer (workers, purge, import) until some later call ended it.
             if self._conn is not None and self._conn.in_transaction:
                 self._conn.rollback()
-            if isinstance(exc, sqlite3.Error):
-                raise _translate(exc) from exc
-            if isinstance(exc, UnicodeError | OverflowError):
-                # Raised by sqlite3 while binding a value it cannot store (a
-                # lone surrogate, an integer past 64 bits).
-                raise StoreRejected(f"SQLite cannot store a value: {exc}") from exc
-            raise
+            _raise_store_error(exc)
 
     def _connect(self) -> sqlite3.Connection:
         return connect(self.path, self.busy_timeout_ms)
@@ -223,6 +417,7 @@ class SQLiteStore(Store):
         self._ready = True
 
     async def close(self) -> None:
+        await self._inbox.close()
         if self._executor is None:
             return
 
@@ -298,47 +493,8 @@ class SQLiteStore(Store):
 
     async def insert_events(self, events: Sequence[NewEvent]) -> list[Receipt]:
         await self._ensure_open()
-        return await self._run(lambda conn: self._insert(conn, events))
-
-    def _insert(self, conn: sqlite3.Connection, events: Sequence[NewEvent]) -> list[Receipt]:
-        # Rows are built here, on the store's thread, to keep that work
-        # (headers to JSON) off the event loop that answers requests.
         unique, extra = collapse(events)
-        returned: dict[tuple[str, str, str], tuple[int, int]] = {}
-        self.begin(conn)
-        for start in range(0, len(unique), _ROWS_PER_STATEMENT):
-            chunk = unique[start : start + _ROWS_PER_STATEMENT]
-            params: list[object] = []
-            keys: list[object] = []
-            rows: list[str] = []
-            for n, e in enumerate(chunk):
-                params += (
-                    e.provider,
-                    e.tenant,
-                    e.event_id,
-                    e.event_type,
-                    e.body,
-                    dumps_text(e.headers),
-                    e.object_id,
-                    e.occurred_at.timestamp() if e.occurred_at is not None else None,
-                    e.ordering_key,
-                )
-                keys += (n, e.provider, e.tenant, e.event_id)
-                copies = extra.get((e.provider, e.tenant, e.event_id)) if extra else None
-                if copies:
-                    params.append(copies)
-                    rows.append(_ROW_WITH_COPIES)
-                else:
-                    rows.append(_ROW)
-            conn.execute(_INSERT_HEAD + ", ".join(rows) + _INSERT_TAIL, params)
-            found_sql = _FOUND_HEAD + ", ".join([_FOUND_ROW] * len(chunk)) + _FOUND_TAIL
-            (found,) = conn.execute(found_sql, keys).fetchone()
-            for item in found.split(","):
-                place, row_id, duplicates = item.split(" ")
-                e = chunk[int(place)]
-                returned[(e.provider, e.tenant, e.event_id)] = (int(row_id), int(duplicates))
-        conn.execute("COMMIT")
-        return receipts(events, returned, extra)
+        return receipts(events, await self._inbox.insert(unique, extra), extra)
 
     async def list_events(
         self,

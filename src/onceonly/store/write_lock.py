@@ -123,6 +123,28 @@ class WriteLock:
                 self.end(turn)
             raise
 
+    def prepare_receiver(self) -> None:
+        """Create the priority file now, from a receiver's thread: a worker
+        that finds it absent looks again only a second later, and a receiver
+        whose first tries all succeed would otherwise create it only when it
+        first waits."""
+        self._fd(create=True)
+
+    def try_begin(self, execute: Callable[[str], object], *, busy_timeout_ms: int) -> bool:
+        """One ``BEGIN IMMEDIATE`` without SQLite's wait: True if it took the
+        lock, False if another writer holds it (then nothing is begun).
+        ``busy_timeout`` is `busy_timeout_ms` again afterwards."""
+        execute("PRAGMA busy_timeout = 0")
+        try:
+            execute("BEGIN IMMEDIATE")
+        except Exception as exc:
+            if _is_busy(exc):
+                return False
+            raise
+        finally:
+            execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        return True
+
     def end(self, turn: MutableMapping[str, object]) -> None:
         """The transaction begun with this `turn` ended: the next thread's turn."""
         if turn.pop(_TURN, None):
