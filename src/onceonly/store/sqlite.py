@@ -1,10 +1,13 @@
 """The embedded default: one SQLite file in WAL mode with durable commits.
 
-All database work runs on one dedicated thread holding one connection, so the
-event loop never blocks on disk and SQLite never sees two writers from this
-process. ``synchronous=FULL`` makes each commit reach the disk before it
-returns (in WAL mode ``NORMAL`` may lose the last commits on power loss, which
-would break "no 2xx before the event is durable").
+Database work runs on a dedicated thread holding one connection, so the event
+loop does not wait for the disk. The receive path's inserts are the exception:
+they have a connection of their own, and while commits are quick they run on
+the loop itself, since handing them to a thread costs the loop more than the
+commit does (see :class:`_InboxWriter`). ``synchronous=FULL`` makes each
+commit reach the disk before it returns (in WAL mode ``NORMAL`` may lose the
+last commits on power loss, which would break "no 2xx before the event is
+durable").
 """
 
 from __future__ import annotations
