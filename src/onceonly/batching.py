@@ -62,6 +62,7 @@ class GroupCommit(Generic[T, R]):
 
     async def _run(self) -> None:
         try:
+            await asyncio.sleep(0)
             while self._queue:
                 batch = self._queue[: self.max_batch]
                 del self._queue[: self.max_batch]
