@@ -3,7 +3,7 @@
 While one batch is being committed, the items that arrive queue up; when it
 finishes, all of them go into the next batch together. Under load, N concurrent
 callers cost about one round trip and one fsync instead of N, and a lone caller
-still commits at once (nothing waits on a timer). Every caller's answer waits
+still commits at once (after one turn of the event loop; nothing waits on a timer). Every caller's answer waits
 for the commit of the batch that holds it.
 """
 
@@ -62,6 +62,10 @@ class GroupCommit(Generic[T, R]):
 
     async def _run(self) -> None:
         try:
+            # One turn of the event loop before the first batch: the requests
+            # it has read meanwhile join this commit instead of waiting for the
+            # next one (measured: docs/benchmarks.md, 11% more deliveries per
+            # second on SQLite). A lone caller waits that one turn, no timer.
             await asyncio.sleep(0)
             while self._queue:
                 batch = self._queue[: self.max_batch]

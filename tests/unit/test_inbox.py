@@ -142,7 +142,8 @@ async def test_two_batches_in_flight_when_the_engine_allows_it() -> None:
 
     commits = GroupCommit(flush, max_in_flight=2)
     first = asyncio.create_task(commits.submit(new_event("a")))
-    await asyncio.sleep(0)
+    while in_flight == 0:  # the first batch is being committed
+        await asyncio.sleep(0)
     second = asyncio.create_task(commits.submit(new_event("b")))
     rest = [asyncio.create_task(commits.submit(new_event(f"c{i}"))) for i in range(20)]
     receipts = await asyncio.gather(first, second, *rest)
