@@ -32,7 +32,6 @@ from starlette.routing import Route
 
 from onceonly import Store, create_store
 from onceonly.asgi import ASGIApp
-from onceonly.batching import GroupCommit
 from onceonly.idempotency import IdempotencyMiddleware
 
 
@@ -77,8 +76,6 @@ def build(database_url: str | None, cache_bytes: int, *, stats: bool = False) ->
                 commits = middleware.records
                 per_batch = (
                     f", {flush_seconds[0] / max(commits.batches, 1) * 1000:.2f} ms per batch"
-                    if isinstance(commits, GroupCommit)
-                    else ""  # ThreadGroupCommit (SQLite): batches are not timed
                 )
                 print(
                     f"group commit: {commits.batches} batches, {commits.items} items, "
@@ -96,7 +93,7 @@ def build(database_url: str | None, cache_bytes: int, *, stats: bool = False) ->
     if store is None:
         return app
     middleware = IdempotencyMiddleware(app, store=store, cache_bytes=cache_bytes)
-    if stats and isinstance(middleware.records, GroupCommit):
+    if stats:
         flush = middleware.records.flush
 
         async def timed(items: Any) -> Any:

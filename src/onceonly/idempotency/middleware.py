@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Unpack
 
 from .._exceptions import BodyTooLarge
 from ..asgi import ASGIApp, Message, Receive, Scope, Send, lower_headers, read_body, send_problem
-from ..batching import GroupCommit, ThreadGroupCommit
+from ..batching import GroupCommit
 from ..store.idempotency import ClaimOutcome, Completion, KeyClaim
 from .keys import ClientScope
 from .policy import (
@@ -100,12 +100,7 @@ class IdempotencyMiddleware:
         self._wanted = None if wanted is None else frozenset(n.encode("latin-1") for n in wanted)
 
     @property
-    def records(
-        self,
-    ) -> (
-        GroupCommit[KeyClaim | Completion, ClaimOutcome | bool]
-        | ThreadGroupCommit[KeyClaim | Completion, ClaimOutcome | bool]
-    ):
+    def records(self) -> GroupCommit[KeyClaim | Completion, ClaimOutcome | bool]:
         """The group commit claims and completions share (see the policy)."""
         return self.policy.records
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypedDict
 
 from .._exceptions import ConfigurationError, StoreError
-from ..batching import GroupCommit, ThreadGroupCommit
+from ..batching import GroupCommit
 from ..store.idempotency import (
     ClaimOutcome,
     Completion,
@@ -319,21 +319,13 @@ class IdempotencyPolicy:
         self.cache = _ResponseCache(cache_bytes)
         # Claims and completions share one group commit: a transaction stores
         # the responses that just finished and claims the keys that just
-        # arrived, so a request costs half a commit, not two. Measured with
-        # benchmarks/idempotency.py: on SQLite the store's thread takes each
-        # next batch itself (ThreadGroupCommit: larger batches, 1-5% more
-        # requests/s than GroupCommit); on PostgreSQL one batch in flight (a
-        # second one, as the webhook inbox uses, made batches smaller and
-        # per-request CPU higher here).
-        self.records: (
-            GroupCommit[KeyClaim | Completion, ClaimOutcome | bool]
-            | ThreadGroupCommit[KeyClaim | Completion, ClaimOutcome | bool]
+        # arrived, so a request costs half a commit, not two. One batch in
+        # flight: on PostgreSQL a second one (as the webhook inbox uses) made
+        # batches smaller and per-request CPU higher (benchmarks/idempotency.py);
+        # SQLite has one writer anyway.
+        self.records: GroupCommit[KeyClaim | Completion, ClaimOutcome | bool] = GroupCommit(
+            self._apply_batch, max_in_flight=1
         )
-        thread = self.keys.thread_batches(lock_seconds=lock_timeout, ttl=ttl)
-        if thread is not None:
-            self.records = ThreadGroupCommit(thread.apply, thread.schedule)
-        else:
-            self.records = GroupCommit(self._apply_batch, max_in_flight=1)
 
     async def _apply_batch(self, ops: Sequence[KeyClaim | Completion]) -> list[ClaimOutcome | bool]:
         completions, claims = split(ops)

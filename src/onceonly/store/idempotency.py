@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol
 
@@ -36,7 +36,6 @@ __all__ = [
     "KeyClaim",
     "KeyStore",
     "StoredResponse",
-    "ThreadBatches",
     "in_order",
     "split",
 ]
@@ -113,16 +112,6 @@ class Completion(NamedTuple):
     response: StoredResponse
 
 
-class ThreadBatches(NamedTuple):
-    """How a key store served by one dedicated thread takes its batches there
-    (see :class:`onceonly.batching.ThreadGroupCommit`, which the middleware
-    builds from these): `apply` commits one batch of claims and completions,
-    called on that thread; `schedule` runs a function on that thread."""
-
-    apply: Callable[[Sequence[KeyClaim | Completion]], list[ClaimOutcome | bool]]
-    schedule: Callable[[Callable[[], None]], Awaitable[None]]
-
-
 class KeyStore(ABC):
     """The Idempotency-Key records of one store."""
 
@@ -151,12 +140,6 @@ class KeyStore(ABC):
 
     async def complete(self, completions: Sequence[Completion], *, now: float) -> list[bool]:
         return (await self.apply(completions, [], now=now, lock_seconds=0, ttl=0))[0]
-
-    def thread_batches(self, *, lock_seconds: float, ttl: float) -> ThreadBatches | None:
-        """For a store whose work runs on one thread: how batches run there,
-        taken back to back by that thread. ``None`` (the default): batches are
-        handed to :meth:`apply` from the event loop."""
-        return None
 
     @abstractmethod
     async def release(self, scope: str, key: str, fence: int) -> None:

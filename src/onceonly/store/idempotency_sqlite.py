@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import functools
 import sqlite3
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import StoreError
@@ -28,12 +27,9 @@ from .idempotency import (
     Completion,
     KeyClaim,
     KeyStore,
-    ThreadBatches,
     answers,
     first_claims,
-    in_order,
     outcome,
-    split,
 )
 
 if TYPE_CHECKING:
@@ -121,27 +117,10 @@ class SQLiteKeyStore(KeyStore):
         lock_seconds: float,
         ttl: float,
     ) -> tuple[list[bool], list[ClaimOutcome]]:
-        return await self.store.run_in_connection(
-            lambda conn: self._apply_on(conn, completions, claims, now, lock_seconds, ttl)
+        return await self.store.write_on_request_path(
+            lambda conn: self._apply_on(conn, completions, claims, now, lock_seconds, ttl),
+            size=sum(len(c.response.body or b"") for c in completions),
         )
-
-    def thread_batches(self, *, lock_seconds: float, ttl: float) -> ThreadBatches:
-        """Batches of claims and completions, committed back to back on the
-        store's thread (see ThreadGroupCommit)."""
-
-        def apply(ops: Sequence[KeyClaim | Completion]) -> list[ClaimOutcome | bool]:
-            completions, claims = split(ops)
-            landed, outcomes = self.store.call_in_connection(
-                lambda conn: self._apply_on(
-                    conn, completions, claims, time.time(), lock_seconds, ttl
-                )
-            )
-            return in_order(ops, landed, outcomes)
-
-        async def schedule(fn: Callable[[], None]) -> None:
-            await self.store.run_in_connection(lambda conn: fn())
-
-        return ThreadBatches(apply, schedule)
 
     def _apply_on(
         self,
@@ -152,12 +131,9 @@ class SQLiteKeyStore(KeyStore):
         lock_seconds: float,
         ttl: float,
     ) -> tuple[list[bool], list[ClaimOutcome]]:
-        # On the request path like the receiver: ahead of the workers.
-        self.store.begin(conn)
         cursor = _named(conn)
         landed = self._complete_all(cursor, completions, now) if completions else []
         outcomes = self._claim_all(cursor, claims, now, lock_seconds, ttl) if claims else []
-        conn.execute("COMMIT")
         return landed, outcomes
 
     @staticmethod

@@ -4,7 +4,7 @@ Database work runs on a dedicated thread holding one connection, so the event
 loop does not wait for the disk. The receive path's inserts are the exception:
 they have a connection of their own, and while commits are quick they run on
 the loop itself, since handing them to a thread costs the loop more than the
-commit does (see :class:`_InboxWriter`). ``synchronous=FULL`` makes each
+commit does (see :class:`_RequestWrites`). ``synchronous=FULL`` makes each
 commit reach the disk before it returns (in WAL mode ``NORMAL`` may lose the
 last commits on power loss, which would break "no 2xx before the event is
 durable").
@@ -63,10 +63,10 @@ _FOUND_TAIL = (
     " ON ev.provider = b.column2 AND ev.tenant = b.column3 AND ev.event_id = b.column4"
 )
 _ROWS_PER_STATEMENT = 3000
-#: A COMMIT that took longer than this sends the next one to the inbox's
-#: thread (see _InboxWriter): the event loop should not wait that long.
+#: A COMMIT that took longer than this sends the next one to the commit
+#: thread (see _RequestWrites): the event loop should not wait that long.
 INLINE_COMMIT_SECONDS = 0.001
-#: A batch whose bodies add up to more than this is written on the inbox's
+#: A batch whose bodies add up to more than this is written on the commit
 #: thread: copying them into the database would hold the event loop up.
 INLINE_BYTES = 256 * 1024
 _COLUMNS = event_columns()
@@ -205,8 +205,9 @@ def _write_rows(
     return returned
 
 
-class _InboxWriter:
-    """The receive path's writes: a connection of their own, a thread of their own.
+class _RequestWrites:
+    """The writes a request waits for (deliveries, Idempotency-Key records):
+    a connection of their own, and a thread of their own for what may wait.
 
     A batch's rows go in on the event loop, and so does its COMMIT while
     commits are quick (:data:`INLINE_COMMIT_SECONDS`, as on a local SSD):
@@ -231,11 +232,14 @@ class _InboxWriter:
         self._conn: sqlite3.Connection | None = None
         self._executor: ThreadPoolExecutor | None = None
         # The thread's work for the last batch, while it may still be running.
-        self._work: Future[Returned] | None = None
+        self._work: Future[Any] | None = None
         self._opening: Future[sqlite3.Connection] | None = None
         self._last_commit = 0.0  # seconds the last COMMIT took, wherever it ran
 
-    async def insert(self, unique: Sequence[NewEvent], extra: dict[Any, int]) -> Returned:
+    async def write(self, fn: Callable[[sqlite3.Connection], T], *, inline: bool = True) -> T:
+        """`fn(connection)` in a transaction begun ahead of the workers, then
+        COMMIT; `fn`'s result once committed. `inline=False`: on the thread
+        whatever happens (a batch whose copying would hold the loop up)."""
         conn = await self._connection()
         while self._work is not None and not self._work.done():
             # The thread still has the connection (a batch whose callers went
@@ -245,45 +249,44 @@ class _InboxWriter:
         # From here to the COMMIT or the hand-over, nothing awaits: no other
         # batch can come in between.
         try:
-            inline = sum(len(e.body) for e in unique) <= INLINE_BYTES and (
-                store._write_lock.try_begin(conn.execute, busy_timeout_ms=store.busy_timeout_ms)
+            began = inline and store._write_lock.try_begin(
+                conn.execute, busy_timeout_ms=store.busy_timeout_ms
             )
-            if inline:
-                returned = _write_rows(conn, unique, extra)
+            if began:
+                result = fn(conn)
         except BaseException as exc:
             if conn.in_transaction:
                 conn.rollback()
             _raise_store_error(exc)
-        if not inline:
-            # Big bodies, or another writer (a worker) holds the lock: all on
-            # the thread, which waits for it with the receiver's priority.
-            return await self._on_thread(self._write_waiting, conn, unique, extra)
+        if not began:
+            # Another writer (a worker) holds the lock: all on the thread,
+            # which waits for it with the receiver's priority.
+            return await self._on_thread(self._write_waiting, conn, fn)
         if self._last_commit > INLINE_COMMIT_SECONDS:
-            return await self._on_thread(self._commit, conn, returned)
-        return self._commit(conn, returned)
+            return await self._on_thread(self._commit, conn, result)
+        return self._commit(conn, result)
 
-    async def _on_thread(self, fn: Callable[..., Returned], *args: Any) -> Returned:
+    async def _on_thread(self, fn: Callable[..., T], *args: Any) -> T:
         assert self._executor is not None
         work = self._work = self._executor.submit(fn, *args)
         # Shielded: cancelling the callers must not cancel a COMMIT that has
         # not started yet, or the transaction would stay open.
-        return await asyncio.shield(asyncio.wrap_future(work))
+        result: T = await asyncio.shield(asyncio.wrap_future(work))
+        return result
 
-    def _write_waiting(
-        self, conn: sqlite3.Connection, unique: Sequence[NewEvent], extra: dict[Any, int]
-    ) -> Returned:
-        """On the thread: the whole batch, once the write lock is ours."""
+    def _write_waiting(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """On the thread: `fn` and the COMMIT, once the write lock is ours."""
         try:
             self._store.begin(conn)
-            returned = _write_rows(conn, unique, extra)
+            result = fn(conn)
         except BaseException as exc:
             if conn.in_transaction:
                 conn.rollback()
             _raise_store_error(exc)
-        return self._commit(conn, returned)
+        return self._commit(conn, result)
 
-    def _commit(self, conn: sqlite3.Connection, returned: Returned) -> Returned:
-        """COMMIT (or roll back if that fails); then `returned`."""
+    def _commit(self, conn: sqlite3.Connection, result: T) -> T:
+        """COMMIT (or roll back if that fails); then `result`."""
         started = time.perf_counter()
         try:
             conn.execute("COMMIT")
@@ -293,7 +296,7 @@ class _InboxWriter:
             _raise_store_error(exc)
         finally:
             self._last_commit = time.perf_counter() - started
-        return returned
+        return result
 
     async def _connection(self) -> sqlite3.Connection:
         """The connection, opened on the thread the first time (by one caller
@@ -302,7 +305,7 @@ class _InboxWriter:
             return self._conn
         if self._opening is None:
             if self._executor is None:
-                self._executor = ThreadPoolExecutor(1, thread_name_prefix="onceonly-inbox")
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="onceonly-sqlite-commit")
             self._opening = self._executor.submit(self._connect)
         opening = self._opening
         try:
@@ -358,7 +361,7 @@ class SQLiteStore(Store):
         self._ready = False
         self._write_lock = WriteLock.of(self.path)
         self._key_store: KeyStore | None = None
-        self._inbox = _InboxWriter(self)
+        self._writes = _RequestWrites(self)
 
     # The dedicated thread.
 
@@ -420,7 +423,7 @@ class SQLiteStore(Store):
         self._ready = True
 
     async def close(self) -> None:
-        await self._inbox.close()
+        await self._writes.close()
         if self._executor is None:
             return
 
@@ -497,7 +500,22 @@ class SQLiteStore(Store):
     async def insert_events(self, events: Sequence[NewEvent]) -> list[Receipt]:
         await self._ensure_open()
         unique, extra = collapse(events)
-        return receipts(events, await self._inbox.insert(unique, extra), extra)
+        returned = await self.write_on_request_path(
+            lambda conn: _write_rows(conn, unique, extra), size=sum(len(e.body) for e in unique)
+        )
+        return receipts(events, returned, extra)
+
+    async def write_on_request_path(
+        self, fn: Callable[[sqlite3.Connection], T], *, size: int = 0
+    ) -> T:
+        """`fn(connection)` in a transaction of its own, ahead of the workers,
+        committed before this returns `fn`'s result: for the writes that a
+        request waits for (deliveries, Idempotency-Key records). They run on
+        the event loop while the write lock is free and commits are quick
+        (see :class:`_RequestWrites`); `size`, the bytes `fn` copies into the
+        database, sends them to a thread past :data:`INLINE_BYTES`."""
+        await self._ensure_open()
+        return await self._writes.write(fn, inline=size <= INLINE_BYTES)
 
     async def list_events(
         self,
