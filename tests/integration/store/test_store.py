@@ -205,3 +205,57 @@ async def test_the_tenant_migration_keeps_events_their_attempts_and_unused_ids(
 
 def _kind(url: str) -> str:
     return "sqlite" if url.startswith("sqlite") else "postgresql"
+
+
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+async def test_batches_share_a_few_connections_of_their_own_and_survive_a_cut(
+    database_url: str,
+) -> None:
+    """Deliveries are inserted on connections of their own, never more at once
+    than the batches the inbox keeps in flight, and reused from batch to
+    batch. A connection cut under them (a restart, a proxy) fails at most the
+    batch on it, as unavailable (a 503, so the sender retries); the next
+    batch gets a new one."""
+    import asyncpg
+
+    from onceonly import StoreUnavailable
+
+    store = create_store(database_url)
+    admin = await asyncpg.connect(database_url)
+
+    async def inserting_backends() -> set[int]:
+        rows = await admin.fetch(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid() AND query LIKE '%INSERT INTO onceonly_events%'"
+        )
+        return {row["pid"] for row in rows}
+
+    try:
+        for round_ in range(5):
+            batches = [[event(f"evt_{round_}_{b}_{n}") for n in range(3)] for b in range(6)]
+            receipts = await asyncio.gather(*(store.insert_events(b) for b in batches))
+            assert all(not r.duplicate for batch in receipts for r in batch)
+        used = await inserting_backends()
+        assert 1 <= len(used) <= store.commit_concurrency
+        cut = await admin.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE pid = ANY($1::int[])",
+            list(used),
+        )
+        assert cut == len(used)
+        await asyncio.sleep(0.1)
+        # Whether the client has seen the cut yet is a race: if it has, this
+        # batch already goes through on a new connection.
+        try:
+            (maybe,) = await store.insert_events([event("evt_after_cut_1")])
+        except StoreUnavailable:
+            maybe = None
+        (after,) = await store.insert_events([event("evt_after_cut_2")])
+        assert not after.duplicate
+        if maybe is not None:
+            assert not maybe.duplicate
+        assert not (await inserting_backends()) & used
+        assert len(await store.list_events(limit=200)) == 90 + 1 + (maybe is not None)
+    finally:
+        await admin.close()
+        await store.close()
