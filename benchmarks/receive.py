@@ -11,7 +11,11 @@ request bytes, every target at every --connections count (default 8, 32, 128):
             reference of older figures, kept as a second ratio;
   sqlite    `onceonly serve` on a fresh SQLite file in a temporary directory;
   postgres  `onceonly serve` on a fresh PostgreSQL database (dropped and created
-            for each measurement, dropped again at exit unless --keep-db).
+            for each measurement, dropped again at exit unless --keep-db);
+  nodb      only when asked for (--targets): `onceonly serve` with the store
+            replaced by the in-memory test double (benchmarks/nodb_app.py).
+            Nothing is stored, so it has no row checks and no goal: it is the
+            ceiling of the receive path once the database costs nothing.
 
 The connection counts are the outer loop: at each count the targets run back
 to back, so each ratio compares measurements a minute or so apart. Every
@@ -117,8 +121,11 @@ LUA_SCRIPT = HERE / "receive.lua"
 BARE_APP = HERE / "bare_app.py"
 PATH = "/webhooks/stripe"
 SECRET = "whsec_onceonly_benchmark_secret"
-TARGETS = ("lean", "bare", "sqlite", "postgres")
+TARGETS = ("lean", "bare", "nodb", "sqlite", "postgres")
+DEFAULT_TARGETS = ("lean", "bare", "sqlite", "postgres")
+# Held to the goal, and counted in the CPU budget: onceonly with a database.
 ONCEONLY_TARGETS = ("sqlite", "postgres")
+NODB_APP = "nodb_app:app"
 # The bare_app.py app each baseline target runs.
 BASELINE_APPS = {"lean": "lean", "bare": "bare"}
 DEFAULT_CONNECTIONS = (8, 32, 128)
@@ -404,11 +411,15 @@ def server_command(
         argv = [sys.executable, str(BARE_APP), "--host", "127.0.0.1", "--port", str(port)]
         argv += ["--app", BASELINE_APPS[target], *with_workers]
         return argv, env, ("POST", PATH, b"{}")
-    assert database_url is not None
     env["ONCEONLY_STRIPE_SECRET"] = SECRET
-    env["ONCEONLY_DATABASE_URL"] = database_url
     argv = [sys.executable, "-m", "onceonly.cli", "serve", "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--log-level", "warning", "--no-access-log", *with_workers]
+    if target == "nodb":
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
+        argv += ["--app", NODB_APP]
+    else:
+        assert database_url is not None
+        env["ONCEONLY_DATABASE_URL"] = database_url
     return argv, env, ("GET", "/healthz", None)
 
 
@@ -813,8 +824,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--targets",
-        default=",".join(TARGETS),
-        help=f"comma-separated subset of {','.join(TARGETS)}",
+        default=",".join(DEFAULT_TARGETS),
+        help=f"comma-separated subset of {','.join(TARGETS)} (nodb: only when named)",
     )
     parser.add_argument(
         "--events",

@@ -102,6 +102,8 @@ def test_receive_options(scripts: dict[str, ModuleType]) -> None:
     # --json alone: JSON on stdout instead of the table; with a path: a file besides.
     assert parse(["--json"]).json == "-"
     assert parse(["--json", "out.json"]).json == "out.json"
+    # nodb is measured only when named, in the same order as the others.
+    assert parse(["--targets", "postgres,nodb,lean"]).targets == ["lean", "nodb", "postgres"]
     # SQLite takes one serve process: with workers, onceonly runs on PostgreSQL only.
     args = parse(["--workers", "2"])
     assert args.targets == ["lean", "bare", "postgres"]
@@ -115,6 +117,34 @@ def test_receive_options(scripts: dict[str, ModuleType]) -> None:
     ):
         with pytest.raises(SystemExit):
             parse(bad)
+
+
+def test_the_nodb_target_serves_with_no_database_and_still_tells_duplicates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """receive.py's nodb target: `onceonly serve --app nodb_app:app` runs the
+    whole receive path on a store that keeps only keys, so a resent event is
+    still answered as a duplicate and nothing else is kept."""
+    import asyncio
+
+    from onceonly import NewEvent
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.delenv("ONCEONLY_DATABASE_URL", raising=False)
+    import nodb_app
+
+    store = nodb_app.app.store
+    assert store is nodb_app.app.store
+    assert isinstance(store, nodb_app.KeysOnly)
+
+    def event(event_id: str, tenant: str = "") -> NewEvent:
+        return NewEvent("stripe", event_id, "t", b"{}", {}, tenant=tenant)
+
+    first = asyncio.run(store.insert_events([event("a"), event("b"), event("a")]))
+    again = asyncio.run(store.insert_events([event("b"), event("b", tenant="acme")]))
+    assert [(r.duplicate, r.id) for r in first] == [(False, 1), (False, 2), (True, 1)]
+    assert [(r.duplicate, r.id) for r in again] == [(True, 2), (False, 3)]
+    assert store.events == {}
 
 
 def test_receive_budget_says_whether_the_machine_can_carry_the_goal_rate(
