@@ -14,8 +14,8 @@ the next call after it comes back simply works.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -236,19 +236,15 @@ class PostgresStore(Store):
         """
         await self._ensure_pool()  # the schema is current before any insert
         async with self._inserting:
-            try:
-                conn = self._inserters.pop() if self._inserters else None
-                if conn is None or conn.is_closed():
+            conn = self._inserters.pop() if self._inserters else None
+            if conn is None or conn.is_closed():
+                with self._connecting():
                     conn = await asyncpg.connect(
                         self.dsn,
                         timeout=self.connect_timeout,
                         command_timeout=self.command_timeout,
                         server_settings={"plan_cache_mode": "force_generic_plan"},
                     )
-            except _UNAVAILABLE as exc:
-                raise StoreUnavailable(f"PostgreSQL at {self.url}: {exc!r}") from exc
-            except asyncpg.PostgresError as exc:
-                raise StoreError(f"PostgreSQL: {exc}") from exc
             try:
                 yield conn
             except _UNAVAILABLE as exc:
@@ -269,6 +265,16 @@ class PostgresStore(Store):
                 conn.terminate()
                 raise
             self._give_back(conn)
+
+    @contextmanager
+    def _connecting(self) -> Iterator[None]:
+        """asyncpg's errors while connecting, as onceonly's."""
+        try:
+            yield
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"PostgreSQL at {self.url}: {exc!r}") from exc
+        except asyncpg.PostgresError as exc:
+            raise StoreError(f"PostgreSQL: {exc}") from exc
 
     def _give_back(self, conn: asyncpg.Connection) -> None:
         if self._pool is None:  # closed meanwhile
@@ -305,7 +311,7 @@ class PostgresStore(Store):
         async with self._opening:
             if self._pool is not None:
                 return self._pool
-            try:
+            with self._connecting():
                 pool = await asyncpg.create_pool(
                     self.dsn,
                     min_size=1,
@@ -325,10 +331,6 @@ class PostgresStore(Store):
                     # lookup_connection).
                     server_settings={"plan_cache_mode": "force_custom_plan"},
                 )
-            except _UNAVAILABLE as exc:
-                raise StoreUnavailable(f"PostgreSQL at {self.url}: {exc!r}") from exc
-            except asyncpg.PostgresError as exc:
-                raise StoreError(f"PostgreSQL: {exc}") from exc
             # The pool is published only once the schema is current, so no
             # caller can insert into a table that does not exist yet.
             try:
