@@ -26,13 +26,14 @@ import pwd
 import re
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
+
+from ports import free_port
 
 __all__ = ["Cluster", "ClusterError", "bin_dir", "new_parent", "remove", "server_version"]
 
@@ -68,12 +69,6 @@ def server_version(binaries: Path) -> str:
     ).stdout
     found = re.search(r"\d+(?:\.\d+)+", out)
     return found[0] if found else out.strip()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _run_as() -> tuple[str | None, int | None, int | None]:
@@ -183,7 +178,7 @@ class Cluster:
         settings: Mapping[str, str] | None = None,
     ) -> Cluster:
         """A new, stopped server whose data lives in ``parent/name``."""
-        cluster = cls(binaries, parent / name, _free_port())
+        cluster = cls(binaries, parent / name, free_port())
         cluster._prepare(parent)
         cluster._run(
             "initdb",
@@ -225,7 +220,7 @@ class Cluster:
         `via_port` is a loopback port that forwards to the primary (a proxy the
         test can cut); by default the standby connects to the primary directly.
         """
-        cluster = cls(primary.binaries, parent / name, _free_port())
+        cluster = cls(primary.binaries, parent / name, free_port())
         cluster._prepare(parent)
         port = via_port or primary.port
         conninfo = f"host=127.0.0.1 port={port} user=postgres application_name={name}"

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ import httpx
 import uvicorn
 
 from onceonly.providers import Provider, Stripe
+from ports import free_port
 
 STRIPE_SECRET = "whsec_test_secret"
 
@@ -85,12 +85,6 @@ def browser_missing() -> str | None:
         "apt-get install -y chromium chromium-driver (or set ONCEONLY_TEST_CHROMIUM "
         "and ONCEONLY_TEST_CHROMEDRIVER)"
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
