@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
+from ports import free_port
 from processes import Proc
-from support import free_port
 
 PROJECT = Path(__file__).resolve().parent / "djangoproject"
 _SQLITE_FILE = Path(tempfile.mkdtemp(prefix="onceonly-django-")) / "default.sqlite3"

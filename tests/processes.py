@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 
-from support import free_port
+from ports import free_port
 
 ONCEONLY = [sys.executable, "-m", "onceonly.cli"]
 #: Where the apps that subprocesses load (``--app payments_app:...``) live.

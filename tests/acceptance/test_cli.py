@@ -11,7 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support import ONCEONLY, STRIPE_SECRET, Server, free_port, stripe_delivery
+from ports import free_port
+from support import ONCEONLY, STRIPE_SECRET, Server, stripe_delivery
 
 
 def run(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -19,7 +19,8 @@ import sqlalchemy as sa
 
 from onceonly.db import create_engine
 from onceonly.dev.gateway import prepare_events
-from support import ONCEONLY, Server, free_port
+from ports import free_port
+from support import ONCEONLY, Server
 
 HERE = Path(__file__).resolve().parent
 EVENTS = 500

@@ -19,7 +19,8 @@ import pytest
 import sqlalchemy as sa
 
 from onceonly.db import create_engine
-from support import STRIPE_SECRET, free_port, stripe_delivery
+from ports import free_port
+from support import STRIPE_SECRET, stripe_delivery
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "integration.md"
 

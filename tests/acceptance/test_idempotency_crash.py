@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from support import free_port
+from ports import free_port
 
 APP = """
 import asyncio, os

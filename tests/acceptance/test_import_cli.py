@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy as sa
 
 from onceonly.db import create_engine
-from support import free_port
+from ports import free_port
 
 ONCEONLY = [sys.executable, "-m", "onceonly.cli"]
 HEADER = ["CPF", "Nome", "Cidade", "Nascimento", "Limite", "Ativo"]

@@ -15,7 +15,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from support import ONCEONLY, STRIPE_SECRET, Server, free_port, stripe_delivery
+from ports import free_port
+from support import ONCEONLY, STRIPE_SECRET, Server, stripe_delivery
 
 
 def run(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:

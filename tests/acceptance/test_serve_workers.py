@@ -25,8 +25,9 @@ import pytest
 
 from onceonly.cli.server import PROCESS_SPEC_ENV
 from onceonly.db import create_engine
+from ports import free_port
 from processes import scalar, wait_for
-from support import ONCEONLY, STRIPE_SECRET, Server, free_port, stripe_delivery
+from support import ONCEONLY, STRIPE_SECRET, Server, stripe_delivery
 
 LISTEN, ESTABLISHED = "0A", "01"
 CLIENTS = 8

@@ -38,7 +38,8 @@ from onceonly.dev.api import DEFAULT_TOKEN, FakeApi
 from onceonly.operations import replay
 from onceonly.providers.mercadopago import MercadoPago
 from onceonly.worker import running
-from support import free_port, live_server
+from ports import free_port
+from support import live_server
 
 NO_WAIT = ApiRetryPolicy(retries=3, base=0.0)
 LEGACY_EMAIL = "seller@example.com"

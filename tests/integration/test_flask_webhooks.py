@@ -16,7 +16,8 @@ from onceonly import Onceonly
 from onceonly._threads import background_loop
 from onceonly.contrib.flask import webhook_view
 from onceonly.providers import Stripe
-from support import STRIPE_SECRET, free_port, live_server, live_wsgi_server, stripe_delivery
+from ports import free_port
+from support import STRIPE_SECRET, live_server, live_wsgi_server, stripe_delivery
 
 
 @contextlib.contextmanager

@@ -47,7 +47,8 @@ from test_idempotency import (
 
 import django_support
 from conftest import POSTGRES
-from support import ENGINES, free_port
+from ports import free_port
+from support import ENGINES
 
 # The shared tests, collected again in this module: with its fixtures
 # (server, shop, database_url), they run against the Django project.

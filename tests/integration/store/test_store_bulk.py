@@ -18,7 +18,7 @@ from onceonly import StoreError, StoreRejected, StoreUnavailable
 from onceonly.db import create_engine
 from onceonly.store.bulk import BatchCounts, BulkUpserts, Outcome, Refused, UpsertSession
 from onceonly.store.tables import MissingTable, TargetTable, ValueKind, reflect_table
-from support import free_port
+from ports import free_port
 
 COLUMNS = ["code", "name", "amount"]
 KEY = ["code"]
