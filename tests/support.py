@@ -8,13 +8,14 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import uvicorn
@@ -87,9 +88,33 @@ def browser_missing() -> str | None:
     )
 
 
+class _Closeable(Protocol):
+    async def close(self) -> None: ...
+
+
+class _ClosingServer(uvicorn.Server):
+    """uvicorn's server, closing `closing` on its own loop once it has stopped."""
+
+    def __init__(self, config: uvicorn.Config, closing: Sequence[_Closeable]) -> None:
+        super().__init__(config)
+        self.closing = closing
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().serve(sockets)
+        finally:
+            for resource in self.closing:
+                await resource.close()
+
+
 @contextlib.contextmanager
-def live_server(app: Any) -> Iterator[str]:
-    """Serve an ASGI app with uvicorn on a loopback port, in a thread."""
+def live_server(app: Any, *, closing: Sequence[_Closeable] = ()) -> Iterator[str]:
+    """Serve an ASGI app with uvicorn on a loopback port, in a thread.
+
+    `closing` (stores, typically) are closed when the server stops, on the
+    server's event loop: their connections were opened there, and an app
+    without a lifespan of its own never closes what it was handed.
+    """
     port = free_port()
     config = uvicorn.Config(
         app,
@@ -104,7 +129,7 @@ def live_server(app: Any) -> Iterator[str]:
         # connection just as the server closed it (httpx.ReadError).
         timeout_keep_alive=60,
     )
-    server = uvicorn.Server(config)
+    server = _ClosingServer(config, closing)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10

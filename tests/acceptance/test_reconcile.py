@@ -57,11 +57,16 @@ async def deliver(
 def deliver_both(api: FakeApi, receiver: Receiver) -> dict[str, DeliveryReport]:
     # One event loop for both: the receiver's store (asyncpg's pool) belongs to it.
     async def run() -> dict[str, DeliveryReport]:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(receiver)) as client:
-            return {
-                "stripe": await deliver("stripe", api, client, 7),
-                "asaas": await deliver("asaas", api, client, 8),
-            }
+        try:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(receiver)) as client:
+                return {
+                    "stripe": await deliver("stripe", api, client, 7),
+                    "asaas": await deliver("asaas", api, client, 8),
+                }
+        finally:
+            # ASGITransport sends no lifespan events: close the store here,
+            # on the loop its connections belong to.
+            await receiver.inbox.store.close()
 
     return asyncio.run(run())
 

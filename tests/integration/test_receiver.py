@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Iterator, MutableMapping
+from collections.abc import AsyncIterator, Iterator, MutableMapping
 from typing import Any
 
 import httpx
@@ -196,11 +197,20 @@ async def test_bodies_over_the_limit_are_413_declared_or_streamed(
 
 async def test_mounted_inside_a_starlette_app(database_url: str) -> None:
     app = make_app(database_url)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        yield
+        # Starlette passes no lifespan events to a mounted app: the outer
+        # app closes the store, or its connections outlive the server.
+        await app.store.close()
+
     outer = Starlette(
         routes=[
             Route("/", lambda request: PlainTextResponse("home")),
             Mount("/hooks", app=app.receiver()),
-        ]
+        ],
+        lifespan=lifespan,
     )
     body, headers = stripe_delivery("evt_mounted")
     with live_server(outer) as url:

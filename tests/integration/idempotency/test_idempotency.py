@@ -172,7 +172,8 @@ def serve(shop: Shop, database_url: str, frontend: str = "asgi", **options: Any)
     store = create_store(database_url)
     options.setdefault("required", [r"^/orders$"])
     if frontend == "asgi":
-        with live_server(IdempotencyMiddleware(shop.app(), store=store, **options)) as url:
+        asgi = IdempotencyMiddleware(shop.app(), store=store, **options)
+        with live_server(asgi, closing=[store]) as url:
             yield url
         return
     app = shop.flask_app()
@@ -467,7 +468,8 @@ async def _post_twice(
     app: Any, database_url: str, name: str
 ) -> tuple[httpx.Response, httpx.Response]:
     """POST /charge twice with one key, behind the middleware."""
-    with live_server(IdempotencyMiddleware(app, store=create_store(database_url))) as url:
+    store = create_store(database_url)
+    with live_server(IdempotencyMiddleware(app, store=store), closing=[store]) as url:
         # One connection each: the server closes a connection whose request raised.
         async with httpx.AsyncClient(base_url=url) as client:
             first = await client.post("/charge", json={}, headers=key(name))
@@ -657,7 +659,7 @@ async def test_replays_from_memory_are_not_changed_by_a_middleware_outside(
     store = create_store(database_url)
     app = GZipMiddleware(IdempotencyMiddleware(shop.app(), store=store), minimum_size=0)
     gzip, identity = {"accept-encoding": "gzip"}, {"accept-encoding": "identity"}
-    with live_server(app) as url:
+    with live_server(app, closing=[store]) as url:
         async with httpx.AsyncClient(base_url=url) as client:
             first = await client.post("/orders", json={"sku": "A1"}, headers=key("gz"))
             replays = [
