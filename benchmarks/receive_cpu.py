@@ -1,6 +1,6 @@
 """CPU per delivery on the receive path, in process (no network, no wrk).
 
-    python benchmarks/receive_cpu.py [--deliveries 3000] [--engine sqlite]
+    python benchmarks/receive_cpu.py [--deliveries 3000] [--engine sqlite|postgresql|nodb]
 
 Signed Stripe deliveries go straight into ``app.asgi()`` as ASGI calls, 32 at
 a time (as 32 connections would), and each must answer 200. The figure is the
@@ -14,6 +14,9 @@ small JSON document. To compare two trees, run it with each tree's
 
 PostgreSQL (``--engine postgresql``) runs on a fresh database
 ``onceonly_bench_cpu`` on ``--postgres``; its server's CPU is not counted.
+``--engine nodb`` is benchmarks/receive.py's nodb target (``nodb_app.py``:
+the same receiver with a store that keeps only the keys), so the figure is
+the receive path's own Python with no database at all.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from starlette.routing import Route
 
 import onceonly
 from _harness import recreate_database
+from nodb_app import WithoutDatabase
 from onceonly import Onceonly
 from onceonly.providers import Stripe
 
@@ -130,14 +134,15 @@ def lean() -> AsgiApp:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.partition("\n\n")[0])
     parser.add_argument("--deliveries", type=int, default=3000)
-    parser.add_argument("--engine", choices=["sqlite", "postgresql"], default="sqlite")
+    parser.add_argument("--engine", choices=["sqlite", "postgresql", "nodb"], default="sqlite")
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
     args = parser.parse_args()
-    if args.engine == "sqlite":
-        url = f"sqlite:///{Path(tempfile.mkdtemp()) / 'cpu.db'}"
-    else:
+    if args.engine == "postgresql":
         url = await recreate_database(args.postgres, "onceonly_bench_cpu")
-    app = Onceonly(database_url=url, providers={"stripe": Stripe(SECRET)}, environ={})
+    else:
+        url = f"sqlite:///{Path(tempfile.mkdtemp()) / 'cpu.db'}"
+    kind = WithoutDatabase if args.engine == "nodb" else Onceonly
+    app = kind(database_url=url, providers={"stripe": Stripe(SECRET)}, environ={})
     receiver: AsgiApp = app.asgi()
     floor = await measure(lean(), args.deliveries, "lean")
     base = await measure(bare(), args.deliveries, "bare")
