@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -45,6 +46,19 @@ def scripts(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, ModuleType]]:
         sys.modules.pop(name, None)
 
 
+def test_each_script_prints_its_help(
+    scripts: dict[str, ModuleType], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # argparse formats help strings with %: a bare "10%" in one breaks --help.
+    for name, module in scripts.items():
+        if not hasattr(module, "parse_args"):
+            continue
+        with pytest.raises(SystemExit) as exc:
+            module.parse_args(["--help"])
+        assert exc.value.code == 0, name
+        assert f"benchmarks/{name}.py" in capsys.readouterr().out, name
+
+
 def test_worker_peers_options(scripts: dict[str, ModuleType]) -> None:
     parse = scripts["worker_peers"].parse_args
     args = parse([])
@@ -57,6 +71,54 @@ def test_worker_peers_options(scripts: dict[str, ModuleType]) -> None:
     with pytest.raises(SystemExit) as exc:
         parse(["--only", "celery"])
     assert exc.value.code == 2
+
+
+def test_worker_peers_runs_pgqueuer_on_both_sides_of_onceonly(
+    scripts: dict[str, ModuleType],
+) -> None:
+    peers = scripts["worker_peers"]
+    plan = peers.run_plan(["onceonly", "pgqueuer", "procrastinate"], pgqueuer_once=False)
+    assert plan == [
+        ("pgqueuer", False),
+        ("onceonly", False),
+        ("pgqueuer", True),
+        ("procrastinate", False),
+    ]
+    assert peers.run_plan(["onceonly", "pgqueuer"], pgqueuer_once=True) == [
+        ("onceonly", False),
+        ("pgqueuer", False),
+    ]
+    assert peers.run_plan(["onceonly", "procrastinate"], pgqueuer_once=False) == [
+        ("onceonly", False),
+        ("procrastinate", False),
+    ]
+    assert peers.parse_args(["--pgqueuer-once"]).pgqueuer_once
+
+    def runs(onceonly: float, *pgqueuer: float) -> list[Any]:
+        def result(peer: str, rate: float, again: bool = False) -> Any:
+            return peers.PeerResult(
+                peer, "1", 20_000, 20_000 / rate, rate, 20_000, 20_000, {}, 0.0, again=again
+            )
+
+        first, *rest = pgqueuer
+        return [
+            result("pgqueuer", first),
+            result("onceonly", onceonly),
+            *(result("pgqueuer", r, again=True) for r in rest),
+        ]
+
+    # Two pgqueuer runs 5% apart: the ratio to their mean decides.
+    steady = runs(10_250, 10_000, 10_500)
+    assert (peers.ratio_of(steady), peers.pgqueuer_drift(steady)) == (1.0, 0.048)
+    assert peers.verdict(steady) == "met"
+    assert peers.verdict(runs(10_000, 10_000, 10_500)) == "MISSED"  # 0.976x
+    # 25% apart: above the faster is met, below the slower missed, between UNSTEADY.
+    assert peers.verdict(runs(12_500, 9_000, 12_000)) == "met"
+    assert peers.verdict(runs(8_900, 9_000, 12_000)) == "MISSED"
+    assert peers.verdict(runs(11_000, 9_000, 12_000)) == "UNSTEADY"
+    # One pgqueuer run, or none: as before, or no verdict at all.
+    assert peers.verdict(runs(11_000, 10_000)) == "met"
+    assert peers.verdict(runs(11_000, 10_000)[1:]) == "-"
 
 
 def test_cost_curve_rows_default_per_engine(scripts: dict[str, ModuleType]) -> None:
@@ -95,6 +157,7 @@ def test_receive_options(scripts: dict[str, ModuleType]) -> None:
     assert args.connections == [8, 32, 128]
     assert args.targets == ["lean", "bare", "sqlite", "postgres"]
     assert (args.workers, args.json, args.notes) == (1, None, [])
+    assert (args.lean_once, parse(["--lean-once"]).lean_once) == (False, True)
     assert parse(["--connections", "32,8,32", "--targets", "postgres,lean"]).connections == [
         32,
         8,
@@ -189,6 +252,93 @@ def test_receive_budget_says_whether_the_machine_can_carry_the_goal_rate(
     assert lines[2].endswith("so the rate fits in the machine")
     # Without lean at that connection count there is no goal rate.
     assert receive.budget_lines([tight]) == []
+
+
+def _result(receive: ModuleType, target: str, rps: float, *, again: bool = False) -> Any:
+    return receive.TargetResult(
+        target=target,
+        database=None,
+        connections=32,
+        workers=1,
+        requests=int(rps * 8),
+        duration_s=8.0,
+        requests_per_s=rps,
+        **dict.fromkeys(("p50_ms", "p90_ms", "max_ms"), 1.0),
+        p99_ms=5.0,
+        **dict.fromkeys(("non_2xx", "socket_errors", "warmup_non_2xx"), 0),
+        warmup_requests_per_s=rps,
+        server_cpu_pct=90.0,
+        other_cpu_pct=0.0,
+        server_cpu_s=1.0,
+        server_processes=1,
+        cpu_us_per_request=50.0,
+        again=again,
+    )
+
+
+def test_receive_judges_the_goal_against_both_lean_runs(scripts: dict[str, ModuleType]) -> None:
+    """lean runs again after the other targets: the ratio is to the mean of
+    its two runs, and the goal is neither met nor missed when they differ by
+    more than MAX_LEAN_DRIFT (the machine's speed moved meanwhile)."""
+    receive = scripts["receive"]
+    settings = receive.parse_args(["--connections", "32"])
+    # Steady: 20,000 and 19,000 (5% apart); sqlite at 10,000 is 51% of 19,500.
+    steady = [
+        _result(receive, "lean", 20_000),
+        _result(receive, "sqlite", 10_000),
+        _result(receive, "postgres", 9_000),
+        _result(receive, "lean", 19_000, again=True),
+    ]
+    receive.compare(steady)
+    lean, sqlite, postgres, again = steady
+    assert sqlite.ratio_vs_lean == pytest.approx(10_000 / 19_500, abs=1e-3)
+    assert (sqlite.lean_drift, sqlite.goal_verdict(), postgres.goal_verdict()) == (
+        0.05,
+        "met",
+        "MISSED",
+    )
+    assert (lean.goal_verdict(), again.name, again.warnings) == ("-", "lean again", [])
+    [line] = receive.goal_lines(steady, settings)
+    assert line.endswith("sqlite met (51%, p99 5.0 ms); postgres MISSED (46%, p99 5.0 ms)")
+
+    # lean served 12,000 before the others and 25,000 after (52% apart): 8,000
+    # is 67% of the one and 32% of the other, so the goal is UNSTEADY.
+    moved = [
+        _result(receive, "lean", 12_000),
+        _result(receive, "sqlite", 8_000),
+        _result(receive, "postgres", 5_000),  # under half of either: MISSED
+        _result(receive, "nodb", 13_000),
+        _result(receive, "lean", 25_000, again=True),
+    ]
+    receive.compare(moved)
+    _, sqlite, postgres, _, again = moved
+    assert (sqlite.lean_drift, sqlite.goal_met(), sqlite.goal_verdict()) == (
+        0.52,
+        None,
+        "UNSTEADY",
+    )
+    assert (postgres.goal_met(), postgres.goal_verdict()) == (False, "MISSED")
+    assert sqlite.to_dict()["goal"] == "UNSTEADY"
+    [warning] = again.warnings
+    assert "12,000 requests/s before the other targets and 25,000 after" in warning
+    [line] = receive.goal_lines(moved, settings)
+    assert "sqlite UNSTEADY (43%, p99 5.0 ms; lean's runs 52% apart: 32% to 67% of them)" in line
+    assert line.endswith(
+        "postgres MISSED (27%, p99 5.0 ms; lean's runs 52% apart: 20% to 42% of them)"
+    )
+    # Over half of even the faster run: met, however much lean moved; a p99
+    # over the goal's misses it whatever the ratio.
+    fast = _result(receive, "sqlite", 13_000)
+    slow_tail = _result(receive, "postgres", 13_000)
+    slow_tail.p99_ms = 30.0
+    moved = [_result(receive, "lean", 12_000), fast, slow_tail, _result(receive, "lean", 25_000)]
+    receive.compare(moved)
+    assert (fast.goal_verdict(), slow_tail.goal_verdict()) == ("met", "MISSED")
+
+    # lean measured once (--lean-once, or lean alone): no drift to judge.
+    once = [_result(receive, "lean", 20_000), _result(receive, "sqlite", 10_000)]
+    receive.compare(once)
+    assert (once[1].lean_drift, once[1].goal_verdict()) == (None, "met")
 
 
 def test_receive_ab_options(scripts: dict[str, ModuleType]) -> None:
