@@ -108,12 +108,16 @@ class _ClosingServer(uvicorn.Server):
 
 
 @contextlib.contextmanager
-def live_server(app: Any, *, closing: Sequence[_Closeable] = ()) -> Iterator[str]:
+def live_server(
+    app: Any, *, closing: Sequence[_Closeable] = (), http: Any = "auto"
+) -> Iterator[str]:
     """Serve an ASGI app with uvicorn on a loopback port, in a thread.
 
     `closing` (stores, typically) are closed when the server stops, on the
     server's event loop: their connections were opened there, and an app
-    without a lifespan of its own never closes what it was handed.
+    without a lifespan of its own never closes what it was handed. `http`:
+    uvicorn's HTTP protocol, a name or a class (``onceonly serve`` passes
+    :class:`onceonly.cli.transport.OneWriteProtocol`).
     """
     port = free_port()
     config = uvicorn.Config(
@@ -123,6 +127,7 @@ def live_server(app: Any, *, closing: Sequence[_Closeable] = ()) -> Iterator[str
         log_level="warning",
         lifespan="on",
         access_log=False,
+        http=http,
         # uvicorn closes a keep-alive connection idle for 5 s by default; with
         # the server and a test's client sharing one busy process (three xdist
         # workers on two cores), a client could send its next request on a
