@@ -4,12 +4,13 @@ uvicorn writes a response's status line and headers with one
 ``transport.write`` and its body with another, and the transport sends each
 at once: two ``write`` system calls, and two TCP segments, for every answer.
 On the receive path, where every answer is a few dozen bytes of JSON, the
-second system call was a tenth of the server's CPU per delivery
-(docs/benchmarks.md, 2026-12-06). An endpoint with an empty body never pays
-it, since uvicorn's write of an empty body sends nothing.
+second one cost the server 7-8 µs per delivery, about a tenth of its CPU
+with no database, and the load generator as much again (docs/benchmarks.md,
+2026-12-06 00:00 UTC). An endpoint with an empty body never pays it, since
+uvicorn's write of an empty body sends nothing.
 
 :class:`OneWriteProtocol` is uvicorn's httptools protocol (what ``http="auto"``
-picks, httptools being installed with uvicorn's standard extra) on a transport
+picks; httptools is one of onceonly's dependencies) on a transport
 that holds a small write back until the next write or the end of the event
 loop's turn, whichever comes first. uvicorn writes a response that the app
 sends in one go (headers, then the whole body) in a single turn, so it leaves
