@@ -210,51 +210,17 @@ def test_the_nodb_target_serves_with_no_database_and_still_tells_duplicates(
     assert store.events == {}
 
 
-def test_receive_budget_says_whether_the_machine_can_carry_the_goal_rate(
-    scripts: dict[str, ModuleType], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    receive = scripts["receive"]
-    monkeypatch.setattr(receive.os, "sched_getaffinity", lambda pid: {0, 1})
-
-    def result(target: str, rps: float, server: float, db: float | None) -> object:
-        return receive.TargetResult(
-            target=target,
-            database=None,
-            connections=32,
-            workers=1,
-            requests=int(rps * 8),
-            duration_s=8.0,
-            requests_per_s=rps,
-            **dict.fromkeys(("p50_ms", "p90_ms", "p99_ms", "max_ms"), 1.0),
-            **dict.fromkeys(("non_2xx", "socket_errors", "warmup_non_2xx"), 0),
-            warmup_requests_per_s=rps,
-            server_cpu_pct=90.0,
-            other_cpu_pct=0.0,
-            server_cpu_s=server * rps * 8 / 1e6,
-            server_processes=1,
-            cpu_us_per_request=server,
-            db_us_per_request=db,
-            load_us_per_request=20.0,
-        )
-
-    # 50% of 20,000 req/s on 2 CPUs leaves 200 µs per request for everything.
-    lean = result("lean", 20_000, 50, None)
-    tight = result("postgres", 6_000, 120, 70)  # 120 + 70 + 20 = 210
-    roomy = result("sqlite", 6_000, 90, None)  # 90 + 20 = 110, 90 µs x 10,000/s < a core
-    lines = receive.budget_lines([lean, tight, roomy])
-    assert len(lines) == 3, lines
-    assert lines[0].startswith("budget postgres c32: at 50% of lean (10,000 req/s) 2 CPUs")
-    assert "give 200 µs per request; this run used 210" in lines[0]
-    assert "does not fit" in lines[0]
-    assert "would need 120% of a core" in lines[1]
-    assert lines[2].startswith("budget sqlite c32")
-    assert "used 110" in lines[2]
-    assert lines[2].endswith("so the rate fits in the machine")
-    # Without lean at that connection count there is no goal rate.
-    assert receive.budget_lines([tight]) == []
-
-
-def _result(receive: ModuleType, target: str, rps: float, *, again: bool = False) -> Any:
+def _result(
+    receive: ModuleType,
+    target: str,
+    rps: float,
+    *,
+    server: float = 50.0,
+    db: float | None = None,
+    again: bool = False,
+) -> Any:
+    """A receive.py result at 32 connections: `rps` requests/s for 8 s, the
+    server's CPU per request `server` µs, PostgreSQL's `db`, wrk's 20, p99 5 ms."""
     return receive.TargetResult(
         target=target,
         database=None,
@@ -269,11 +235,36 @@ def _result(receive: ModuleType, target: str, rps: float, *, again: bool = False
         warmup_requests_per_s=rps,
         server_cpu_pct=90.0,
         other_cpu_pct=0.0,
-        server_cpu_s=1.0,
+        server_cpu_s=server * rps * 8 / 1e6,
         server_processes=1,
-        cpu_us_per_request=50.0,
+        cpu_us_per_request=server,
+        db_us_per_request=db,
+        load_us_per_request=20.0,
         again=again,
     )
+
+
+def test_receive_budget_says_whether_the_machine_can_carry_the_goal_rate(
+    scripts: dict[str, ModuleType], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    receive = scripts["receive"]
+    monkeypatch.setattr(receive.os, "sched_getaffinity", lambda pid: {0, 1})
+
+    # 50% of 20,000 req/s on 2 CPUs leaves 200 µs per request for everything.
+    lean = _result(receive, "lean", 20_000)
+    tight = _result(receive, "postgres", 6_000, server=120, db=70)  # 120 + 70 + 20 = 210
+    roomy = _result(receive, "sqlite", 6_000, server=90)  # 90 + 20 = 110; 90 µs x 10,000/s < a core
+    lines = receive.budget_lines([lean, tight, roomy])
+    assert len(lines) == 3, lines
+    assert lines[0].startswith("budget postgres c32: at 50% of lean (10,000 req/s) 2 CPUs")
+    assert "give 200 µs per request; this run used 210" in lines[0]
+    assert "does not fit" in lines[0]
+    assert "would need 120% of a core" in lines[1]
+    assert lines[2].startswith("budget sqlite c32")
+    assert "used 110" in lines[2]
+    assert lines[2].endswith("so the rate fits in the machine")
+    # Without lean at that connection count there is no goal rate.
+    assert receive.budget_lines([tight]) == []
 
 
 def test_receive_judges_the_goal_against_both_lean_runs(scripts: dict[str, ModuleType]) -> None:
