@@ -396,6 +396,45 @@ def foreign_load_warning(other_pct: float) -> str | None:
 
 
 # ---------------------------------------------------------------------------
+# A goal judged against a baseline measured twice
+
+# A shared VM's speed can move between two runs a minute apart with nothing
+# else busy, so the floor scripts measure their baseline before and after the
+# target. Past this share apart, a ratio to the mean of the two runs is not
+# trusted on its own.
+MAX_BASELINE_DRIFT = 0.10
+
+
+def baseline_drift(runs: Sequence[float]) -> float | None:
+    """How far a baseline's runs differ, as a share of the faster; None when
+    it ran once (or not at all, or at zero)."""
+    if len(runs) < 2 or not max(runs):
+        return None
+    return round(1 - min(runs) / max(runs), 3)
+
+
+def goal_against_baseline(
+    rate: float, ratio: float, runs: Sequence[float], goal: float
+) -> bool | None:
+    """Whether ``rate`` (``ratio`` times the mean of the baseline's ``runs``)
+    reaches ``goal`` times the baseline.
+
+    With the runs within MAX_BASELINE_DRIFT of each other the mean's ratio
+    decides. Further apart, the machine's speed moved: the goal is met only
+    if met against the faster run, missed only if missed against the slower
+    one, and otherwise None (unsteady: the runs disagree).
+    """
+    drift = baseline_drift(runs)
+    if drift is None or drift <= MAX_BASELINE_DRIFT:
+        return ratio >= goal
+    if rate >= goal * max(runs):
+        return True
+    if rate < goal * min(runs):
+        return False
+    return None
+
+
+# ---------------------------------------------------------------------------
 # Databases
 
 

@@ -26,7 +26,7 @@ server has served 12,000 requests/s and 25,000 within ten minutes, with no
 other process using the CPU. So, with other targets measured, lean runs again
 after them at each count ("lean again" in the table), and the ratios are
 taken against the mean of its two runs. When the two differ by more than
-MAX_LEAN_DRIFT, the machine's speed moved under the measurements: the goal is
+10% (_harness.MAX_BASELINE_DRIFT), the machine's speed moved under the measurements: the goal is
 then met only if it is met against the faster of the two, missed only if it
 is missed against the slower, and otherwise reported UNSTEADY (--lean-once:
 measure lean once, as before).
@@ -142,9 +142,6 @@ DEFAULT_CONNECTIONS = (8, 32, 128)
 GOAL_RATIO = 0.50
 GOAL_P99_MS = 25.0
 GOAL_CONNECTIONS = 32
-# How far lean's two runs at one connection count may differ (as a share of the
-# larger) before the ratios of that count are called unreliable.
-MAX_LEAN_DRIFT = 0.10
 STRIPE_TOLERANCE_S = 300
 RESULT_PREFIX = "RECEIVE_RESULT "
 
@@ -393,15 +390,13 @@ class TargetResult:
     def lean_drift(self) -> float | None:
         """How far lean's runs at this connection count differ, as a share of
         the faster; None when it ran once."""
-        if len(self.lean_runs) < 2 or not max(self.lean_runs):
-            return None
-        return round(1 - min(self.lean_runs) / max(self.lean_runs), 3)
+        return _harness.baseline_drift(self.lean_runs)
 
     @property
     def unsteady(self) -> bool:
         """lean's runs differ too much for a ratio to their mean to be trusted."""
         drift = self.lean_drift
-        return drift is not None and drift > MAX_LEAN_DRIFT
+        return drift is not None and drift > _harness.MAX_BASELINE_DRIFT
 
     def _judged(self) -> bool:
         return (
@@ -417,14 +412,9 @@ class TargetResult:
             return None
         if self.p99_ms > GOAL_P99_MS:
             return False
-        if not self.unsteady:
-            return (self.ratio_vs_lean or 0) >= GOAL_RATIO
-        floor = GOAL_RATIO * min(self.lean_runs), GOAL_RATIO * max(self.lean_runs)
-        if self.requests_per_s >= floor[1]:
-            return True  # met even against lean's faster run
-        if self.requests_per_s < floor[0]:
-            return False  # missed even against its slower one
-        return None
+        return _harness.goal_against_baseline(
+            self.requests_per_s, self.ratio_vs_lean or 0, self.lean_runs, GOAL_RATIO
+        )
 
     def goal_verdict(self) -> str:
         """What the table's goal column says: met, MISSED, UNSTEADY or -."""
@@ -913,7 +903,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="measure lean once per connection count (by default it runs again after the "
         "other targets; when its two runs differ by more than "
         # "%%": argparse formats help strings with %.
-        f"{MAX_LEAN_DRIFT:.0%}%, a goal that one run meets and the other misses "
+        f"{_harness.MAX_BASELINE_DRIFT:.0%}%, a goal that one run meets and the other misses "
         "is reported UNSTEADY)",
     )
     add_run_options(parser, json_path=True)
@@ -1031,8 +1021,8 @@ def compare(results: Sequence[TargetResult]) -> None:
                 r.warnings.append(
                     f"lean served {leans[0]:,.0f} requests/s before the other targets and "
                     f"{leans[-1]:,.0f} after them ({r.lean_drift:.0%} apart, over "
-                    f"{MAX_LEAN_DRIFT:.0%}): the machine's speed moved, so the ratios at "
-                    f"{connections} connections are uncertain by as much"
+                    f"{_harness.MAX_BASELINE_DRIFT:.0%}): the machine's speed moved, so the "
+                    f"ratios at {connections} connections are uncertain by as much"
                 )
 
 

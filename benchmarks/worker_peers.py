@@ -31,7 +31,7 @@ The goal of issue 19: onceonly's events/s at least pgqueuer's (ratio >= 1.0).
 A shared VM's speed can move between two runs a few seconds apart with no
 other process busy, so with both measured, pgqueuer runs before and after
 onceonly ("pgqueuer again"), and the ratio is to the mean of its two runs.
-When those differ by more than MAX_DRIFT, the goal is met only if onceonly
+When those differ by more than 10% (_harness.MAX_BASELINE_DRIFT), the goal is met only if onceonly
 beat the faster of them, missed only if it trailed the slower, and otherwise
 reported UNSTEADY (--pgqueuer-once: one pgqueuer run, after onceonly, as
 before).
@@ -71,9 +71,6 @@ from _harness import (
 PEERS = ("onceonly", "pgqueuer", "procrastinate")
 ENQUEUE_CHUNK = 1000
 GOAL_RATIO = 1.0
-# How far pgqueuer's two runs may differ (as a share of the faster) before a
-# ratio to their mean is no longer trusted on its own.
-MAX_DRIFT = 0.10
 
 
 @dataclass
@@ -427,11 +424,12 @@ def print_problems(results: Sequence[PeerResult]) -> None:
             print(f"!!! WARNING [{r.name}]: {warning}")
         for problem in r.problems:
             print(f"!!! CHECK FAILED [{r.name}]: {problem.upper()}")
-    if (drift := pgqueuer_drift(results)) is not None and drift > MAX_DRIFT:
+    if (drift := pgqueuer_drift(results)) is not None and drift > _harness.MAX_BASELINE_DRIFT:
         first, last = pgqueuer_runs(results)
         print(
             f"!!! WARNING: pgqueuer ran {first:,.0f} jobs/s before onceonly and {last:,.0f} "
-            f"after it ({drift:.0%} apart, over {MAX_DRIFT:.0%}): the machine's speed moved"
+            f"after it ({drift:.0%} apart, over {_harness.MAX_BASELINE_DRIFT:.0%}): "
+            "the machine's speed moved"
         )
 
 
@@ -441,8 +439,7 @@ def pgqueuer_runs(results: Sequence[PeerResult]) -> list[float]:
 
 def pgqueuer_drift(results: Sequence[PeerResult]) -> float | None:
     """How far pgqueuer's runs differ, as a share of the faster; None for one run."""
-    runs = pgqueuer_runs(results)
-    return round(1 - min(runs) / max(runs), 3) if len(runs) > 1 else None
+    return _harness.baseline_drift(pgqueuer_runs(results))
 
 
 def _onceonly_rate(results: Sequence[PeerResult]) -> float:
@@ -463,15 +460,10 @@ def verdict(results: Sequence[PeerResult]) -> str:
     ratio = ratio_of(results)
     if ratio is None:
         return "-"
-    drift = pgqueuer_drift(results)
-    if drift is None or drift <= MAX_DRIFT:
-        return "met" if ratio >= GOAL_RATIO else "MISSED"
-    onceonly, runs = _onceonly_rate(results), pgqueuer_runs(results)
-    if onceonly >= GOAL_RATIO * max(runs):
-        return "met"
-    if onceonly < GOAL_RATIO * min(runs):
-        return "MISSED"
-    return "UNSTEADY"
+    met = _harness.goal_against_baseline(
+        _onceonly_rate(results), ratio, pgqueuer_runs(results), GOAL_RATIO
+    )
+    return {True: "met", False: "MISSED", None: "UNSTEADY"}[met]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -270,7 +270,7 @@ def test_receive_budget_says_whether_the_machine_can_carry_the_goal_rate(
 def test_receive_judges_the_goal_against_both_lean_runs(scripts: dict[str, ModuleType]) -> None:
     """lean runs again after the other targets: the ratio is to the mean of
     its two runs, and the goal is neither met nor missed when they differ by
-    more than MAX_LEAN_DRIFT (the machine's speed moved meanwhile)."""
+    more than _harness.MAX_BASELINE_DRIFT (the machine's speed moved meanwhile)."""
     receive = scripts["receive"]
     settings = receive.parse_args(["--connections", "32"])
     # Steady: 20,000 and 19,000 (5% apart); sqlite at 10,000 is 51% of 19,500.
