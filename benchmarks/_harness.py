@@ -94,11 +94,30 @@ class Processes:
             self.stop(proc, grace=5.0)
 
 
+# Ports for the servers a benchmark starts come from below Linux's ephemeral
+# range (32768-60999) and below the tests' blocks (tests/ports.py, 20000-31999):
+# a port read from bind(0) and closed can be handed to any outgoing connection
+# (wrk's own, a test run's) before the server binds it, and the "is it up?"
+# probe is then answered by a stranger.
+_PORTS_FIRST, _PORTS_COUNT = 19000, 1000
+_next_port = _PORTS_FIRST + os.getpid() % _PORTS_COUNT
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A loopback port nothing holds now, from a range no kernel hands out."""
+    global _next_port
+    for _ in range(_PORTS_COUNT):
+        port, _next_port = _next_port, _PORTS_FIRST + (_next_port + 1 - _PORTS_FIRST) % _PORTS_COUNT
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # another benchmark, or a local service, holds it
+            return port
+    raise BenchmarkError(
+        f"no free loopback port in {_PORTS_FIRST}-{_PORTS_FIRST + _PORTS_COUNT - 1}"
+    )
 
 
 def http_status(port: int, method: str, path: str, body: bytes | None = None) -> int | None:

@@ -398,3 +398,22 @@ def test_idempotency_cpu_batches_are_stored_and_timed(
     finally:
         for name in ("idempotency_cpu", "idempotency", "idempotency_app", "_harness"):
             sys.modules.pop(name, None)
+
+
+def test_benchmark_ports_come_from_a_range_the_kernel_never_hands_out(
+    scripts: dict[str, ModuleType],
+) -> None:
+    """A benchmark's server port is below the ephemeral range and the tests'
+    blocks, never one something holds, and not the same one twice running."""
+    import socket
+
+    import _harness
+
+    first = _harness.free_port()
+    with socket.socket() as held:
+        # Hold the port the next call would hand out: it must be passed over.
+        held.bind(("127.0.0.1", _harness._next_port))
+        skipped = held.getsockname()[1]
+        second = _harness.free_port()
+    assert all(19000 <= p < 20000 for p in (first, second))
+    assert second not in (first, skipped)
