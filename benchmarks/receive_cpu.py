@@ -137,17 +137,20 @@ async def main() -> None:
     parser.add_argument("--engine", choices=["sqlite", "postgresql", "nodb"], default="sqlite")
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
     args = parser.parse_args()
-    if args.engine == "postgresql":
-        url = await recreate_database(args.postgres, "onceonly_bench_cpu")
-    else:
-        url = f"sqlite:///{Path(tempfile.mkdtemp()) / 'cpu.db'}"
-    kind = WithoutDatabase if args.engine == "nodb" else Onceonly
-    app = kind(database_url=url, providers={"stripe": Stripe(SECRET)}, environ={})
-    receiver: AsgiApp = app.asgi()
-    floor = await measure(lean(), args.deliveries, "lean")
-    base = await measure(bare(), args.deliveries, "bare")
-    ours = await measure(receiver, args.deliveries, "onceonly")
-    await app.store.close()
+    with tempfile.TemporaryDirectory(prefix="onceonly-receive-cpu-") as work:
+        if args.engine == "postgresql":
+            url = await recreate_database(args.postgres, "onceonly_bench_cpu")
+        elif args.engine == "sqlite":
+            url = f"sqlite:///{Path(work) / 'cpu.db'}"
+        else:
+            url = None  # nodb: KeysOnly never opens a database
+        kind = WithoutDatabase if args.engine == "nodb" else Onceonly
+        app = kind(database_url=url, providers={"stripe": Stripe(SECRET)}, environ={})
+        receiver: AsgiApp = app.asgi()
+        floor = await measure(lean(), args.deliveries, "lean")
+        base = await measure(bare(), args.deliveries, "bare")
+        ours = await measure(receiver, args.deliveries, "onceonly")
+        await app.store.close()
     print(
         f"onceonly from {Path(onceonly.__file__).parent}, {args.engine}, "
         f"{args.deliveries} deliveries: {ours * 1e6:.0f} us CPU per delivery; "
