@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import httpx
 import uvicorn
 
+from onceonly.cli.protocol import ServeProtocol
 from onceonly.providers import Provider, Stripe
 from ports import free_port
 
@@ -109,15 +110,17 @@ class _ClosingServer(uvicorn.Server):
 
 @contextlib.contextmanager
 def live_server(
-    app: Any, *, closing: Sequence[_Closeable] = (), http: Any = "auto"
+    app: Any, *, closing: Sequence[_Closeable] = (), http: Any = ServeProtocol
 ) -> Iterator[str]:
     """Serve an ASGI app with uvicorn on a loopback port, in a thread.
 
     `closing` (stores, typically) are closed when the server stops, on the
     server's event loop: their connections were opened there, and an app
     without a lifespan of its own never closes what it was handed. `http`:
-    uvicorn's HTTP protocol, a name or a class (``onceonly serve`` passes
-    :class:`onceonly.cli.transport.OneWriteProtocol`).
+    uvicorn's HTTP protocol, a name or a class; by default the one ``onceonly
+    serve`` runs (:class:`onceonly.cli.protocol.ServeProtocol`: a receiver's
+    deliveries on its hot path, anything else as uvicorn's own protocol
+    serves it; "auto" is uvicorn's as it comes).
     """
     port = free_port()
     config = uvicorn.Config(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from ._exceptions import BodyTooLarge, HeadersTooLarge
@@ -13,6 +13,7 @@ __all__ = [
     "Receive",
     "Scope",
     "Send",
+    "lower_header_list",
     "lower_headers",
     "problem_body",
     "read_body",
@@ -35,7 +36,13 @@ def lower_headers(scope: Scope, limit: int | None = None) -> dict[str, str]:
     With `limit`, more than that many bytes of names and values together is
     refused (:class:`HeadersTooLarge`, 431) before any of them is looked at.
     """
-    raw_headers = scope["headers"]
+    return lower_header_list(scope["headers"], limit)
+
+
+def lower_header_list(
+    raw_headers: Sequence[tuple[bytes, bytes]], limit: int | None = None
+) -> dict[str, str]:
+    """:func:`lower_headers` of the scope's ``headers`` list itself."""
     if limit is not None and sum(len(n) + len(v) for n, v in raw_headers) > limit:
         raise HeadersTooLarge(f"request headers are over the {limit}-byte limit")
     headers: dict[str, str] = {}

@@ -45,6 +45,13 @@ class GroupCommit(Generic[T, R]):
         self.items = 0
 
     async def submit(self, item: T) -> R:
+        return await self.enqueue(item)
+
+    def enqueue(self, item: T) -> asyncio.Future[R]:
+        """:meth:`submit` for a caller that is not a coroutine (``onceonly
+        serve``'s protocol answers from the future's callback): the future
+        of `item`'s result, set once the batch holding it committed. Call it
+        on the event loop."""
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._queue.append((item, future))
         if self._running < self.max_in_flight:
@@ -55,7 +62,7 @@ class GroupCommit(Generic[T, R]):
             task = asyncio.create_task(self._run())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        return await future
+        return future
 
     async def _run(self) -> None:
         try:

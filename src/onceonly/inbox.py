@@ -131,6 +131,14 @@ class Inbox:
             occurred_at=event.occurred_at or info.occurred_at,
         )
 
+    def own_verifier(self, name: str) -> Provider:
+        """:meth:`verifier` for a delivery to ``/{name}``, with no tenant:
+        nothing to look up, so no need to await."""
+        provider = self.provider(name)
+        if provider.tenants_only:
+            raise UnknownTenant(f"provider {name!r} takes deliveries only at /{name}/{{tenant}}")
+        return provider
+
     async def verifier(self, name: str, tenant: str = "") -> Provider:
         """The provider that verifies deliveries to route `name` for `tenant`:
         the route's own, or for a tenant a copy holding only that tenant's
@@ -139,13 +147,9 @@ class Inbox:
         Raises :class:`~onceonly.UnknownProvider`, :class:`~onceonly.UnknownTenant`
         (404s) and :class:`~onceonly.TenantUnavailable` (the resolver failed).
         """
-        provider = self.provider(name)
         if not tenant:
-            if provider.tenants_only:
-                raise UnknownTenant(
-                    f"provider {name!r} takes deliveries only at /{name}/{{tenant}}"
-                )
-            return provider
+            return self.own_verifier(name)
+        provider = self.provider(name)
         if self.tenants is None:
             raise UnknownTenant("this deployment has no tenants")
         return await self.tenants.verifier(name, tenant, provider)
@@ -194,6 +198,23 @@ class Inbox:
             if verifier is not None
             else await self.verifier(delivery.provider, delivery.tenant)
         )
+        event = self.prepare(delivery, provider, span)
+        try:
+            receipt = await self.commits.submit(event)
+        except StoreRejected as exc:
+            # Refused alone (see batching): this event only, never its neighbours.
+            raise PayloadError(f"the database cannot store this event: {exc}") from None
+        self.log_receipt(event, receipt)
+        return receipt
+
+    def prepare(self, delivery: Delivery, provider: Provider, span: Span | None = None) -> NewEvent:
+        """What :meth:`receive` stores for `delivery`, verified by `provider`
+        (:meth:`verifier`'s for its route and tenant), before the commit.
+
+        Raises the :class:`~onceonly.DeliveryRejected` family. ``onceonly
+        serve``'s protocol calls it when the whole request is in hand, and
+        hands the event to :attr:`commits` itself.
+        """
         headers = delivery.headers
         if not isinstance(headers, ReadHeaders):
             headers = ReadHeaders(headers)
@@ -227,25 +248,24 @@ class Inbox:
         )
         if self.handlers is not None and (key := self.handlers.ordering_key(event)) is not None:
             event = replace(event, ordering_key=key)
-        try:
-            receipt = await self.commits.submit(event)
-        except StoreRejected as exc:
-            # Refused alone (see batching): this event only, never its neighbours.
-            raise PayloadError(f"the database cannot store this event: {exc}") from None
+        return event
+
+    @staticmethod
+    def log_receipt(event: NewEvent, receipt: Receipt) -> None:
+        """The debug line for a stored (or duplicate) delivery."""
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "event %s (%s %s): %s",
                 receipt.id,
-                delivery.provider,
-                info.event_id,
+                event.provider,
+                event.event_id,
                 "duplicate delivery" if receipt.duplicate else "received",
                 extra={
                     "event_pk": receipt.id,
-                    "provider": delivery.provider,
-                    "event_id": info.event_id,
-                    "event_type": info.event_type,
-                    "tenant": delivery.tenant,
+                    "provider": event.provider,
+                    "event_id": event.event_id,
+                    "event_type": event.event_type,
+                    "tenant": event.tenant,
                     "duplicate": receipt.duplicate,
                 },
             )
-        return receipt

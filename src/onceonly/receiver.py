@@ -34,14 +34,30 @@ even more.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
-from ._exceptions import BodyTimeout, DeliveryRejected, StoreError, TenantUnavailable
-from .asgi import Receive, Scope, Send, lower_headers, read_body, send_response
+from ._exceptions import (
+    BodyTimeout,
+    BodyTooLarge,
+    DeliveryRejected,
+    StoreError,
+    TenantUnavailable,
+)
+from .asgi import (
+    Receive,
+    Scope,
+    Send,
+    lower_header_list,
+    lower_headers,
+    read_body,
+    send_response,
+)
 from .deadlines import Deadlines
-from .events import Delivery
+from .events import Delivery, NewEvent, Receipt
 from .headers import ReadHeaders
 from .metrics import MetricsEndpoint
 from .reception import METHOD_NOT_ALLOWED, NOT_FOUND, Answer, Reception
@@ -51,7 +67,7 @@ if TYPE_CHECKING:
     from .inbox import Inbox
     from .metrics import Metrics
 
-__all__ = ["Receiver"]
+__all__ = ["Pending", "Receiver"]
 
 
 log = logging.getLogger("onceonly.receiver")
@@ -122,6 +138,9 @@ class Receiver:
         # servers strip it. Accept both.
         if root and path.startswith(root):
             path = path[len(root) :]
+        return self._route_path(path)
+
+    def _route_path(self, path: str) -> tuple[str, str] | None:
         if self.prefix:
             if path == "/healthz":
                 return "", ""
@@ -185,6 +204,45 @@ class Receiver:
         )
         await _send(send, await reception.receive(delivery, verifier))
 
+    def receive_now(
+        self, path: str, query: bytes, raw_headers: Sequence[tuple[bytes, bytes]], body: bytes
+    ) -> Answer | Pending | None:
+        """A ``POST`` whose whole body is in hand, answered without an ASGI
+        call: what ``onceonly serve``'s protocol (:mod:`onceonly.cli.protocol`)
+        uses on its hot path, where a task, a scope and four ASGI messages
+        per delivery cost the event loop more than the answer does.
+
+        `path` is the request's (percent-decoded, as ASGI's ``path``),
+        `raw_headers` as ASGI's (lower-case names). The answer, when it is
+        decided at once (a 4xx); a :class:`Pending` when the event went into
+        the group commit; ``None`` for a request to serve through
+        :meth:`__call__` instead, which gives the same answers: anything but a
+        delivery to ``/{provider}``, or with tracing on.
+        """
+        route = self._route_path(path)
+        if route is None or self.inbox.tracing.enabled:
+            return None
+        provider, tenant = route
+        if tenant or not provider or provider == _METRICS:
+            return None  # a tenant's secrets may take an await to find
+        reception = self.reception
+        try:
+            verifier = self.inbox.own_verifier(provider)
+            headers = ReadHeaders(lower_header_list(raw_headers, reception.max_header_bytes))
+            if len(body) > reception.max_body_bytes:
+                raise BodyTooLarge(f"body is over the {reception.max_body_bytes}-byte limit")
+            delivery = Delivery(
+                provider=provider,
+                body=body,
+                headers=headers,
+                query=dict(parse_qsl(query.decode("latin-1"))) if query else {},
+                tenant=tenant,
+            )
+            event = self.inbox.prepare(delivery, verifier)
+        except DeliveryRejected as exc:
+            return reception.rejected(provider, exc, tenant)
+        return Pending(reception, event, self.inbox.commits.enqueue(event))
+
     async def _health(self, send: Send) -> None:
         try:
             await self.inbox.store.open()
@@ -196,6 +254,24 @@ class Receiver:
             await _send(send, self.reception.unhealthy)
             return
         await send_response(send, 200, b'{"status":"ok"}', [_JSON])
+
+
+class Pending:
+    """A delivery's event in the group commit (:meth:`Receiver.receive_now`):
+    :meth:`answer` once :attr:`future` is done."""
+
+    __slots__ = ("event", "future", "reception")
+
+    def __init__(
+        self, reception: Reception, event: NewEvent, future: asyncio.Future[Receipt]
+    ) -> None:
+        self.reception = reception
+        self.event = event
+        self.future = future
+
+    def answer(self) -> Answer:
+        """What :class:`Receiver` would answer; raises what it would not catch."""
+        return self.reception.settled(self.event, self.future)
 
 
 async def _send(send: Send, answer: Answer) -> None:

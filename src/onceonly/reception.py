@@ -16,8 +16,18 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ._exceptions import DeliveryRejected, StoreError, TenantUnavailable
-from .events import Delivery
+if TYPE_CHECKING:
+    import asyncio
+
+from ._exceptions import (
+    DeliveryRejected,
+    PayloadError,
+    StoreError,
+    StoreRejected,
+    StoreUnavailable,
+    TenantUnavailable,
+)
+from .events import Delivery, NewEvent, Receipt
 from .settings import ReceiverSettings
 
 if TYPE_CHECKING:
@@ -134,6 +144,25 @@ class Reception:
             return self.tenant_failed(delivery.provider, exc, tenant)
         self.metrics.accepted(delivery.provider, duplicate=receipt.duplicate, tenant=tenant)
         return _DUPLICATE if receipt.duplicate else _STORED
+
+    def settled(self, event: NewEvent, future: asyncio.Future[Receipt]) -> Answer:
+        """The answer to a delivery whose `event` went into the group commit
+        by :meth:`GroupCommit.enqueue <onceonly.batching.GroupCommit.enqueue>`
+        (``onceonly serve``'s protocol), once `future` is done: the same
+        answer, and the same count in the metrics, as :meth:`receive` gives."""
+        exc = StoreUnavailable("shutting down") if future.cancelled() else future.exception()
+        if exc is None:
+            receipt = future.result()
+            self.inbox.log_receipt(event, receipt)
+            self.metrics.accepted(event.provider, duplicate=receipt.duplicate, tenant=event.tenant)
+            return _DUPLICATE if receipt.duplicate else _STORED
+        if isinstance(exc, StoreRejected):
+            # As the inbox says it (see Inbox.receive): this event only.
+            refused = PayloadError(f"the database cannot store this event: {exc}")
+            return self.rejected(event.provider, refused, event.tenant)
+        if isinstance(exc, StoreError):
+            return self.store_failed(event.provider, exc, event.tenant)
+        raise exc
 
     def rejected(self, provider: str, exc: DeliveryRejected, tenant: str = "") -> Answer:
         """The 4xx for a delivery refused before or during :meth:`receive`

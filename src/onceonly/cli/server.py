@@ -134,7 +134,7 @@ def serve(
     import uvicorn
 
     from ..dashboard import for_serve
-    from .transport import OneWriteProtocol
+    from .protocol import ServeProtocol
 
     if workers > 1 and with_worker:
         # In the supervising process its metrics would be on no page, and in
@@ -175,8 +175,9 @@ def serve(
         "access_log": access_log,
         "lifespan": "on",
         "timeout_graceful_shutdown": 10,
-        # Each answer's headers and body in one system call (see .transport).
-        "http": OneWriteProtocol,
+        # Deliveries answered without an ASGI call (see .protocol), and each
+        # answer's headers and body in one system call (see .transport).
+        "http": ServeProtocol,
         **log_config,
     }
     if workers > 1:

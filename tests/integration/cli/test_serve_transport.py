@@ -222,30 +222,3 @@ def test_closing_sends_what_was_written_first() -> None:
         received = exchange(port, b"NOT HTTP AT ALL\r\n\r\n")
         assert received.startswith(b"HTTP/1.1 400 Bad Request")
         assert b"Invalid HTTP request" in received
-
-
-def test_serve_answers_with_this_protocol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`onceonly serve` hands uvicorn this protocol (uvicorn's run is replaced
-    by a recorder here: the protocol itself is tested over real sockets above,
-    and the receive benchmark measures it in the real server)."""
-    import sys
-
-    import uvicorn
-    from click.testing import CliRunner
-
-    from onceonly.cli import main
-
-    runs: list[dict[str, Any]] = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **options: runs.append(options))
-    interval = sys.getswitchinterval()  # serve sets it for its own process
-    try:
-        result = CliRunner().invoke(
-            main,
-            ["serve", "--database-url", f"sqlite:///{tmp_path / 'onceonly.db'}"],
-            env={"ONCEONLY_APP": None, "ONCEONLY_STRIPE_SECRET": STRIPE_SECRET},
-        )
-    finally:
-        sys.setswitchinterval(interval)
-    assert result.exit_code == 0, result.output
-    [options] = runs
-    assert options["http"] is OneWriteProtocol

@@ -1,0 +1,271 @@
+"""``onceonly serve``'s HTTP protocol: deliveries answered without an ASGI call.
+
+uvicorn serves every request through ASGI: a task, a scope, a request-response
+cycle with its event, four messages between server and app, and the app's
+own coroutines. For a webhook delivery, whose whole body nearly always
+arrives in the same read as its headers, that plumbing costs the one event
+loop about as much as verifying and storing the delivery does.
+
+:class:`ServeProtocol` is :class:`~onceonly.cli.transport.OneWriteProtocol`
+(uvicorn's httptools protocol, one write per answer) with a hot path: a
+``POST`` whose body is complete by the end of the read that completed its
+headers goes to :meth:`Receiver.receive_now
+<onceonly.receiver.Receiver.receive_now>`, straight into the group commit,
+and the answer is written from the commit's callback. Everything else takes
+uvicorn's own path, untouched: other methods and routes, tenants, the
+dashboard, ``/metrics`` and ``/healthz``, a body that trickles in, a body
+without ``Content-Length`` or over :data:`HOT_BODY_BYTES`, ``Expect:
+100-continue``, upgrades, requests pipelined behind an answer not yet sent,
+tracing, the access log. The answers are the same either way (the
+receiver decides them; the tests send every case both ways).
+
+A request for the hot path is held, not started, until the read that
+completed its headers has been parsed: if its body is complete by then it is
+answered here, otherwise it is handed to uvicorn as if it had just arrived.
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.parse
+from typing import Any
+
+import httptools
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+
+from ..dashboard import DashboardMount
+from ..receiver import Pending, Receiver
+from ..reception import Answer
+from .transport import OneWriteProtocol
+
+__all__ = ["HOT_BODY_BYTES", "ServeProtocol"]
+
+log = logging.getLogger("uvicorn.error")
+
+#: The largest body the hot path takes (the rest go through ASGI, which reads
+#: them as they come): webhook bodies are a few KiB; a larger one gains little.
+HOT_BODY_BYTES = 64 * 1024
+
+# What uvicorn writes, after its default headers, to answer an app that
+# failed before answering.
+_INTERNAL_ERROR = (
+    b"content-type: text/plain; charset=utf-8\r\n"
+    b"content-length: 21\r\n"
+    b"connection: close\r\n\r\n"
+    b"Internal Server Error"
+)
+
+
+class _Held:
+    """A hot-path request between its headers and the end of the read."""
+
+    __slots__ = ("body", "complete", "keep_alive", "path", "query")
+
+    def __init__(self, path: str, query: bytes, keep_alive: bool) -> None:
+        self.path = path
+        self.query = query
+        self.keep_alive = keep_alive
+        self.body = bytearray()
+        self.complete = False
+
+
+class _Answering:
+    """Stands in for uvicorn's request-response cycle while a hot-path
+    delivery waits for its commit: uvicorn's protocol reads these attributes
+    (a request pipelined behind it waits; shutdown and a lost connection
+    say so here)."""
+
+    __slots__ = ("disconnected", "keep_alive", "response_complete")
+
+    def __init__(self, keep_alive: bool) -> None:
+        self.keep_alive = keep_alive
+        self.disconnected = False
+        self.response_complete = False
+
+    @property
+    def message_event(self) -> _Answering:
+        return self
+
+    def set(self) -> None:
+        """uvicorn wakes the cycle's reader on a lost connection: nobody reads here."""
+
+
+def hot_receiver(app: Any, path: str) -> Receiver | None:
+    """The :class:`Receiver` that `app` (uvicorn's loaded app) hands a request
+    for `path` to, through wrappers known to pass it on unchanged; ``None``
+    when anything else may see it first."""
+    while True:
+        if isinstance(app, Receiver):
+            return app
+        if isinstance(app, ProxyHeadersMiddleware):
+            # It rewrites the client address and scheme: the receiver reads neither.
+            app = app.app
+        elif isinstance(app, DashboardMount):
+            if path == app.path or path.startswith(app.path + "/"):
+                return None
+            app = app.app
+        else:
+            return None
+
+
+class ServeProtocol(OneWriteProtocol):
+    """Pass it as ``uvicorn.run(app, http=ServeProtocol)``, `app` being an
+    :meth:`Onceonly.asgi <onceonly.Onceonly.asgi>` (optionally with the
+    dashboard mounted by :func:`onceonly.dashboard.for_serve`). With any
+    other app it is :class:`~onceonly.cli.transport.OneWriteProtocol`."""
+
+    _held: _Held | None = None
+
+    def on_headers_complete(self) -> None:
+        # A request is under way: no keep-alive timer may run. (uvicorn stops
+        # it when a read arrives; an answer written during a read, which only
+        # this protocol does, starts it again.)
+        self._unset_keepalive_if_required()
+        held = self._hold()
+        if held is None:
+            super().on_headers_complete()
+        else:
+            self._held = held
+
+    def _hold(self) -> _Held | None:
+        """The request as the hot path takes it, or ``None`` for uvicorn's path."""
+        parser = self.parser
+        if (
+            parser.get_method() != b"POST"
+            or self.access_log
+            or self.root_path
+            or self.limit_concurrency is not None
+            or self.expect_100_continue
+            or parser.should_upgrade()
+            or (self.cycle is not None and not self.cycle.response_complete)
+            or self.pipeline
+        ):
+            return None
+        length = self._content_length()
+        if length is None or length > HOT_BODY_BYTES:
+            return None
+        url = httptools.parse_url(self.url)
+        path = url.path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        receiver = hot_receiver(self.app, path)
+        if receiver is None or length > receiver.reception.max_body_bytes:
+            return None
+        keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
+        return _Held(path, url.query or b"", keep_alive)
+
+    def _content_length(self) -> int | None:
+        """The one Content-Length header's value; ``None`` for none, several,
+        or one that is not plain digits (uvicorn's path judges those)."""
+        found: int | None = None
+        for name, value in self.headers:
+            if name == b"content-length":
+                if found is not None or not value.isdigit() or len(value) > 18:
+                    return None
+                found = int(value)
+            elif name == b"transfer-encoding":
+                return None
+        return found
+
+    def on_body(self, body: bytes) -> None:
+        held = self._held
+        if held is None:
+            super().on_body(body)
+        else:
+            held.body += body
+
+    def on_message_complete(self) -> None:
+        held = self._held
+        if held is None:
+            super().on_message_complete()
+            return
+        self._held = None
+        receiver = hot_receiver(self.app, held.path)
+        outcome = None if receiver is None else self._receive(receiver, held)
+        if outcome is None:
+            self._hand_over(held, complete=True)
+        elif isinstance(outcome, _Answering):
+            pass  # the commit's callback answers
+        else:
+            self._answer(outcome, held.keep_alive)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        held = self._held
+        if held is not None:
+            # Headers complete, body not: uvicorn's path reads the rest.
+            self._held = None
+            self._hand_over(held, complete=False)
+
+    def _receive(self, receiver: Receiver, held: _Held) -> Answer | _Answering | None:
+        try:
+            outcome = receiver.receive_now(held.path, held.query, self.headers, bytes(held.body))
+        except Exception:
+            log.exception("Exception in onceonly's receive path")
+            self._internal_error()
+            return _Answering(False)
+        if not isinstance(outcome, Pending):
+            return outcome
+        waiting = _Answering(held.keep_alive)
+        # uvicorn's protocol looks at its cycle to queue a request pipelined
+        # behind this one, and to mark a shutdown or a lost connection.
+        self.cycle = waiting  # type: ignore[assignment]
+        outcome.future.add_done_callback(lambda _: self._settle(outcome, waiting))
+        return waiting
+
+    def _settle(self, pending: Pending, waiting: _Answering) -> None:
+        """The commit's callback: the delivery's answer, on its connection."""
+        waiting.response_complete = True
+        try:
+            answer = pending.answer()
+        except Exception:
+            log.exception("Exception in onceonly's receive path")
+            self._internal_error()
+            return
+        if waiting.disconnected or self.transport.is_closing():
+            return  # its client went away; the event is stored all the same
+        self._answer(answer, waiting.keep_alive)
+
+    def _answer(self, answer: Answer, keep_alive: bool) -> None:
+        """`answer` as uvicorn would write it, then what uvicorn does after
+        an answer: the next pipelined request, or the keep-alive timer."""
+        self._write(answer, keep_alive)
+        if not keep_alive:
+            self.transport.close()
+        self.on_response_complete()
+
+    def _head(self, status: int) -> list[bytes]:
+        """The status line and uvicorn's own headers (date, server)."""
+        parts = [STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:
+            parts += (name, b": ", value, b"\r\n")
+        return parts
+
+    def _write(self, answer: Answer, keep_alive: bool) -> None:
+        parts = self._head(answer.status)
+        for name, value in answer.asgi_headers:
+            parts += (name, b": ", value, b"\r\n")
+        if not keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts += (b"\r\n", answer.body)
+        self.transport.write(b"".join(parts))
+
+    def _internal_error(self) -> None:
+        """As uvicorn answers an app that raised: 500, and the connection closed."""
+        if not self.transport.is_closing():
+            self.transport.write(b"".join([*self._head(500), _INTERNAL_ERROR]))
+            self.transport.close()
+
+    def _hand_over(self, held: _Held, *, complete: bool) -> None:
+        """`held` to uvicorn's path, as if its headers had just been parsed
+        (the parser is still on this request) and its body read so far."""
+        super().on_headers_complete()
+        if held.body:
+            super().on_body(bytes(held.body))
+        if complete:
+            super().on_message_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._held = None
+        super().connection_lost(exc)
