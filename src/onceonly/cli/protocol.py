@@ -37,7 +37,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 from ..dashboard import DashboardMount
 from ..receiver import Pending, Receiver
 from ..reception import Answer
-from .transport import OneWriteProtocol
+from .transport import OneWriteProtocol, OneWriteTransport
 
 __all__ = ["HOT_BODY_BYTES", "ServeProtocol"]
 
@@ -60,14 +60,14 @@ _INTERNAL_ERROR = (
 class _Held:
     """A hot-path request between its headers and the end of the read."""
 
-    __slots__ = ("body", "complete", "keep_alive", "path", "query")
+    __slots__ = ("body", "keep_alive", "path", "query", "receiver")
 
-    def __init__(self, path: str, query: bytes, keep_alive: bool) -> None:
+    def __init__(self, receiver: Receiver, path: str, query: bytes, keep_alive: bool) -> None:
+        self.receiver = receiver
         self.path = path
         self.query = query
         self.keep_alive = keep_alive
-        self.body = bytearray()
-        self.complete = False
+        self.body = b""
 
 
 class _Answering:
@@ -95,18 +95,47 @@ def hot_receiver(app: Any, path: str) -> Receiver | None:
     """The :class:`Receiver` that `app` (uvicorn's loaded app) hands a request
     for `path` to, through wrappers known to pass it on unchanged; ``None``
     when anything else may see it first."""
+    receiver, taken = _route_of(app)
+    if receiver is None or any(path == p or path.startswith(p + "/") for p in taken):
+        return None
+    return receiver
+
+
+def _route_of(app: Any) -> tuple[Receiver | None, tuple[str, ...]]:
+    """The receiver under `app`'s known wrappers, and the paths those keep
+    for themselves (a mounted dashboard's)."""
+    taken: list[str] = []
     while True:
         if isinstance(app, Receiver):
-            return app
+            return app, tuple(taken)
         if isinstance(app, ProxyHeadersMiddleware):
             # It rewrites the client address and scheme: the receiver reads neither.
             app = app.app
         elif isinstance(app, DashboardMount):
-            if path == app.path or path.startswith(app.path + "/"):
-                return None
+            taken.append(app.path)
             app = app.app
         else:
-            return None
+            return None, ()
+
+
+def _render(defaults: list[tuple[bytes, bytes]], answer: Answer, keep_alive: bool) -> bytes:
+    """`answer` as uvicorn writes it: status line, its own headers (date,
+    server), the answer's, then ``connection: close`` when the connection ends."""
+    parts = _head(defaults, answer.status)
+    for name, value in answer.asgi_headers:
+        parts += (name, b": ", value, b"\r\n")
+    if not keep_alive:
+        parts.append(b"connection: close\r\n")
+    parts += (b"\r\n", answer.body)
+    return b"".join(parts)
+
+
+def _head(defaults: list[tuple[bytes, bytes]], status: int) -> list[bytes]:
+    """The status line and uvicorn's own headers, as it writes them."""
+    parts = [STATUS_LINE[status]]
+    for name, value in defaults:
+        parts += (name, b": ", value, b"\r\n")
+    return parts
 
 
 class ServeProtocol(OneWriteProtocol):
@@ -116,6 +145,14 @@ class ServeProtocol(OneWriteProtocol):
     other app it is :class:`~onceonly.cli.transport.OneWriteProtocol`."""
 
     _held: _Held | None = None
+    _route: tuple[Receiver | None, tuple[str, ...]] | None = None
+
+    def on_message_begin(self) -> None:
+        # uvicorn builds the request's ASGI scope here; the hot path needs
+        # none, so it is built only when uvicorn's path takes the request.
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
 
     def on_headers_complete(self) -> None:
         # A request is under way: no keep-alive timer may run. (uvicorn stops
@@ -124,9 +161,18 @@ class ServeProtocol(OneWriteProtocol):
         self._unset_keepalive_if_required()
         held = self._hold()
         if held is None:
-            super().on_headers_complete()
+            self._to_uvicorn()
         else:
             self._held = held
+
+    def _to_uvicorn(self) -> None:
+        """uvicorn's own handling of a request whose headers are parsed: its
+        scope made as uvicorn makes it, then its task started (or queued)."""
+        url, headers, expect = self.url, self.headers, self.expect_100_continue
+        super().on_message_begin()
+        self.url, self.expect_100_continue = url, expect
+        self.headers.extend(headers)  # the new list is the scope's
+        super().on_headers_complete()
 
     def _hold(self) -> _Held | None:
         """The request as the hot path takes it, or ``None`` for uvicorn's path."""
@@ -149,11 +195,17 @@ class ServeProtocol(OneWriteProtocol):
         path = url.path.decode("ascii")
         if "%" in path:
             path = urllib.parse.unquote(path)
-        receiver = hot_receiver(self.app, path)
-        if receiver is None or length > receiver.reception.max_body_bytes:
+        if self._route is None:
+            self._route = _route_of(self.app)  # once per connection
+        receiver, taken = self._route
+        if (
+            receiver is None
+            or length > receiver.reception.max_body_bytes
+            or any(path == p or path.startswith(p + "/") for p in taken)
+        ):
             return None
         keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
-        return _Held(path, url.query or b"", keep_alive)
+        return _Held(receiver, path, url.query or b"", keep_alive)
 
     def _content_length(self) -> int | None:
         """The one Content-Length header's value; ``None`` for none, several,
@@ -173,7 +225,7 @@ class ServeProtocol(OneWriteProtocol):
         if held is None:
             super().on_body(body)
         else:
-            held.body += body
+            held.body = held.body + body if held.body else body
 
     def on_message_complete(self) -> None:
         held = self._held
@@ -181,8 +233,7 @@ class ServeProtocol(OneWriteProtocol):
             super().on_message_complete()
             return
         self._held = None
-        receiver = hot_receiver(self.app, held.path)
-        outcome = None if receiver is None else self._receive(receiver, held)
+        outcome = self._receive(held)
         if outcome is None:
             self._hand_over(held, complete=True)
         elif isinstance(outcome, _Answering):
@@ -198,9 +249,9 @@ class ServeProtocol(OneWriteProtocol):
             self._held = None
             self._hand_over(held, complete=False)
 
-    def _receive(self, receiver: Receiver, held: _Held) -> Answer | _Answering | None:
+    def _receive(self, held: _Held) -> Answer | _Answering | None:
         try:
-            outcome = receiver.receive_now(held.path, held.query, self.headers, bytes(held.body))
+            outcome = held.receiver.receive_now(held.path, held.query, self.headers, held.body)
         except Exception:
             log.exception("Exception in onceonly's receive path")
             self._internal_error()
@@ -235,32 +286,25 @@ class ServeProtocol(OneWriteProtocol):
             self.transport.close()
         self.on_response_complete()
 
-    def _head(self, status: int) -> list[bytes]:
-        """The status line and uvicorn's own headers (date, server)."""
-        parts = [STATUS_LINE[status]]
-        for name, value in self.server_state.default_headers:
-            parts += (name, b": ", value, b"\r\n")
-        return parts
-
     def _write(self, answer: Answer, keep_alive: bool) -> None:
-        parts = self._head(answer.status)
-        for name, value in answer.asgi_headers:
-            parts += (name, b": ", value, b"\r\n")
-        if not keep_alive:
-            parts.append(b"connection: close\r\n")
-        parts += (b"\r\n", answer.body)
-        self.transport.write(b"".join(parts))
+        data = _render(self.server_state.default_headers, answer, keep_alive)
+        transport = self.transport
+        if isinstance(transport, OneWriteTransport):
+            transport.write_whole(data)
+        else:
+            transport.write(data)
 
     def _internal_error(self) -> None:
         """As uvicorn answers an app that raised: 500, and the connection closed."""
         if not self.transport.is_closing():
-            self.transport.write(b"".join([*self._head(500), _INTERNAL_ERROR]))
+            head = _head(self.server_state.default_headers, 500)
+            self.transport.write(b"".join([*head, _INTERNAL_ERROR]))
             self.transport.close()
 
     def _hand_over(self, held: _Held, *, complete: bool) -> None:
         """`held` to uvicorn's path, as if its headers had just been parsed
         (the parser is still on this request) and its body read so far."""
-        super().on_headers_complete()
+        self._to_uvicorn()
         if held.body:
             super().on_body(bytes(held.body))
         if complete:

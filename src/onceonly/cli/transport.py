@@ -64,6 +64,12 @@ class OneWriteTransport(asyncio.Transport):
         else:
             self._transport.write(held + bytes(data))
 
+    def write_whole(self, data: bytes) -> None:
+        """`data`, a whole answer, sent now (after anything held): there is
+        no second part to wait for, so no turn of the loop to wait."""
+        held, self._held = self._held, None
+        self._transport.write(data if held is None else held + data)
+
     def _flush(self) -> None:
         held, self._held = self._held, None
         # A connection already closing has nobody left to read the bytes.

@@ -18,7 +18,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from onceonly import Onceonly
 from onceonly.asgi import Receive, Scope, Send
-from onceonly.cli.transport import HOLD_BYTES, OneWriteProtocol
+from onceonly.cli.transport import HOLD_BYTES, OneWriteProtocol, OneWriteTransport
 from onceonly.providers import Stripe
 from support import STRIPE_SECRET, live_server, stripe_delivery
 
@@ -222,3 +222,31 @@ def test_closing_sends_what_was_written_first() -> None:
         received = exchange(port, b"NOT HTTP AT ALL\r\n\r\n")
         assert received.startswith(b"HTTP/1.1 400 Bad Request")
         assert b"Invalid HTTP request" in received
+
+
+def test_a_whole_answer_leaves_at_once_after_what_is_held() -> None:
+    """`write_whole` (the hot path's answers): no wait for the end of the
+    turn, and never ahead of bytes already held."""
+
+    class Sink:
+        def __init__(self) -> None:
+            self.writes: list[bytes] = []
+
+        def write(self, data: bytes) -> None:
+            self.writes.append(bytes(data))
+
+        def is_closing(self) -> bool:
+            return False
+
+    sink = Sink()
+    loop = asyncio.new_event_loop()
+    try:
+        transport = OneWriteTransport(sink, loop)  # type: ignore[arg-type]
+        transport.write(b"held head ")
+        transport.write_whole(b"whole answer")
+        transport.write_whole(b"another")
+        assert sink.writes == [b"held head whole answer", b"another"]
+        loop.run_until_complete(asyncio.sleep(0))  # the end of the turn: nothing left
+        assert sink.writes == [b"held head whole answer", b"another"]
+    finally:
+        loop.close()
