@@ -85,6 +85,8 @@ class Store(ABC):
     #: How many group-commit batches may be in flight at once: more than one
     #: pays off only where the engine commits transactions in parallel.
     commit_concurrency: int = 1
+    #: The most deliveries one group-commit batch carries.
+    commit_batch: int = 1000
 
     @abstractmethod
     async def open(self) -> None:

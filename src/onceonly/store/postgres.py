@@ -138,6 +138,12 @@ class PostgresStore(Store):
     # Measured with benchmarks/receive.py: two batches in flight instead of one
     # keep PostgreSQL busy while a commit waits for its WAL flush.
     commit_concurrency = 2
+    # And batches of at most 16: at 32 connections the deliveries then go in
+    # two batches, and the event loop verifies and answers one while the other
+    # waits for its commit, where one batch of 32 left the loop idle for a
+    # third of the time (docs/benchmarks.md, 2026-12-06: 50-56% of lean
+    # against 44%, 65-69% at 128 connections against 60%).
+    commit_batch = 16
 
     def __init__(
         self,

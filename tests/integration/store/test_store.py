@@ -259,3 +259,29 @@ async def test_batches_share_a_few_connections_of_their_own_and_survive_a_cut(
     finally:
         await admin.close()
         await store.close()
+
+
+async def test_the_inbox_commits_no_more_than_the_stores_batch(database_url: str) -> None:
+    """Concurrent deliveries share commits, never more than the store's
+    ``commit_batch`` in one: on PostgreSQL 16, so that 32 connections' worth
+    goes in two batches, one verified while the other commits."""
+    from onceonly.events import Delivery
+    from onceonly.inbox import Inbox
+    from onceonly.providers import Stripe
+    from support import STRIPE_SECRET, stripe_delivery
+
+    store = create_store(database_url)
+    inbox = Inbox(store, {"stripe": Stripe(STRIPE_SECRET)})
+    deliveries = [stripe_delivery(f"evt_batch_{n}") for n in range(40)]
+    try:
+        receipts = await asyncio.gather(
+            *(inbox.receive(Delivery("stripe", body, headers)) for body, headers in deliveries)
+        )
+        assert len({r.id for r in receipts}) == 40
+        assert inbox.commits.items == 40
+        assert inbox.commits.batches >= -(-40 // store.commit_batch)
+        if store.engine == "postgresql":
+            assert store.commit_batch == 16
+            assert inbox.commits.batches >= 3
+    finally:
+        await store.close()
