@@ -11,14 +11,26 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from ._exceptions import StoreError, StoreUnavailable
 
-__all__ = ["GroupCommit"]
+__all__ = ["GroupCommit", "Waiter"]
 
 T = TypeVar("T")
 R = TypeVar("R")
+R_contra = TypeVar("R_contra", contravariant=True)
+
+
+class Waiter(Protocol[R_contra]):
+    """What a caller of :meth:`GroupCommit.add` waits with; an
+    :class:`asyncio.Future` is one."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: R_contra, /) -> None: ...
+
+    def set_exception(self, exception: BaseException, /) -> None: ...
 
 
 class GroupCommit(Generic[T, R]):
@@ -37,7 +49,7 @@ class GroupCommit(Generic[T, R]):
         # More than one batch in flight pays off where the database commits
         # several transactions in parallel (PostgreSQL); SQLite has one writer.
         self.max_in_flight = max_in_flight
-        self._queue: list[tuple[T, asyncio.Future[R]]] = []
+        self._queue: list[tuple[T, Waiter[R]]] = []
         self._running = 0
         self._tasks: set[asyncio.Task[None]] = set()  # strong references only
         #: Transactions committed and items carried, for tests and metrics.
@@ -45,15 +57,17 @@ class GroupCommit(Generic[T, R]):
         self.items = 0
 
     async def submit(self, item: T) -> R:
-        return await self.enqueue(item)
-
-    def enqueue(self, item: T) -> asyncio.Future[R]:
-        """:meth:`submit` for a caller that is not a coroutine (``onceonly
-        serve``'s protocol answers from the future's callback): the future
-        of `item`'s result, set once the batch holding it committed. Call it
-        on the event loop."""
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._queue.append((item, future))
+        self.add(item, future)
+        return await future
+
+    def add(self, item: T, waiter: Waiter[R]) -> None:
+        """:meth:`submit` for a caller that is not a coroutine: `waiter` is
+        given `item`'s result (or the batch's error) once the batch holding
+        it committed, from inside the group commit's task, so it must not
+        raise (``onceonly serve``'s protocol answers from there, without a
+        future and a callback per delivery). Call it on the event loop."""
+        self._queue.append((item, waiter))
         if self._running < self.max_in_flight:
             # Counted here and uncounted in _run's finally, with no await in
             # between the empty-queue check and it: an item is never left
@@ -62,7 +76,6 @@ class GroupCommit(Generic[T, R]):
             task = asyncio.create_task(self._run())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        return future
 
     async def _run(self) -> None:
         try:
@@ -79,9 +92,9 @@ class GroupCommit(Generic[T, R]):
                 except asyncio.CancelledError:
                     # Shutting down mid-commit: we cannot know whether it landed,
                     # so the callers get "unavailable" and their clients retry.
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(StoreUnavailable("shutting down"))
+                    for _, waiter in batch:
+                        if not waiter.done():
+                            waiter.set_exception(StoreUnavailable("shutting down"))
                     raise
                 except Exception as exc:
                     if _one_by_one(exc, batch):
@@ -89,22 +102,22 @@ class GroupCommit(Generic[T, R]):
                         continue
                     # The whole transaction failed: nothing in it was stored, so
                     # every caller in it gets the error.
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(exc)
+                    for _, waiter in batch:
+                        if not waiter.done():
+                            waiter.set_exception(exc)
                     continue
                 self.batches += 1
                 self.items += len(batch)
-                for (_, future), result in zip(batch, results, strict=True):
-                    if not future.done():  # the caller may have gone away
-                        future.set_result(result)
+                for (_, waiter), result in zip(batch, results, strict=True):
+                    if not waiter.done():  # the caller may have gone away
+                        waiter.set_result(result)
         finally:
             self._running -= 1
 
-    async def _each_alone(self, batch: Sequence[tuple[T, asyncio.Future[R]]]) -> None:
+    async def _each_alone(self, batch: Sequence[tuple[T, Waiter[R]]]) -> None:
         """The batch's items again, one transaction each: only the one the
         database refuses fails."""
-        for n, (item, future) in enumerate(batch):
+        for n, (item, waiter) in enumerate(batch):
             try:
                 (result,) = await self.flush([item])
             except asyncio.CancelledError:
@@ -113,13 +126,13 @@ class GroupCommit(Generic[T, R]):
                         waiting.set_exception(StoreUnavailable("shutting down"))
                 raise
             except Exception as exc:
-                if not future.done():
-                    future.set_exception(exc)
+                if not waiter.done():
+                    waiter.set_exception(exc)
                 continue
             self.batches += 1
             self.items += 1
-            if not future.done():
-                future.set_result(result)
+            if not waiter.done():
+                waiter.set_result(result)
 
 
 def _one_by_one(failure: Exception, batch: Sequence[object]) -> bool:

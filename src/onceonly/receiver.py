@@ -34,9 +34,8 @@ even more.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
@@ -205,7 +204,12 @@ class Receiver:
         await _send(send, await reception.receive(delivery, verifier))
 
     def receive_now(
-        self, path: str, query: bytes, raw_headers: Sequence[tuple[bytes, bytes]], body: bytes
+        self,
+        path: str,
+        query: bytes,
+        raw_headers: Sequence[tuple[bytes, bytes]],
+        body: bytes,
+        answered: Callable[[Answer | BaseException], None],
     ) -> Answer | Pending | None:
         """A ``POST`` whose whole body is in hand, answered without an ASGI
         call: what ``onceonly serve``'s protocol (:mod:`onceonly.cli.protocol`)
@@ -215,7 +219,9 @@ class Receiver:
         `path` is the request's (percent-decoded, as ASGI's ``path``),
         `raw_headers` as ASGI's (lower-case names). The answer, when it is
         decided at once (a 4xx); a :class:`Pending` when the event went into
-        the group commit; ``None`` for a request to serve through
+        the group commit, which gives `answered` the answer once the batch
+        committed (or the exception :meth:`__call__` would have let through,
+        for the server's 500); ``None`` for a request to serve through
         :meth:`__call__` instead, which gives the same answers: anything but a
         delivery to ``/{provider}``, or with tracing on.
         """
@@ -241,7 +247,9 @@ class Receiver:
             event = self.inbox.prepare(delivery, verifier)
         except DeliveryRejected as exc:
             return reception.rejected(provider, exc, tenant)
-        return Pending(reception, event, self.inbox.commits.enqueue(event))
+        pending = Pending(reception, event, answered)
+        self.inbox.commits.add(event, pending)
+        return pending
 
     async def _health(self, send: Send) -> None:
         try:
@@ -257,21 +265,40 @@ class Receiver:
 
 
 class Pending:
-    """A delivery's event in the group commit (:meth:`Receiver.receive_now`):
-    :meth:`answer` once :attr:`future` is done."""
+    """A delivery's event in the group commit (:meth:`Receiver.receive_now`),
+    waiting for its batch: once it committed, or failed, the answer goes to
+    `answered` (an :class:`Answer`, or the exception the receiver would not
+    catch), from inside the group commit's task."""
 
-    __slots__ = ("event", "future", "reception")
+    __slots__ = ("_done", "answered", "event", "reception")
 
     def __init__(
-        self, reception: Reception, event: NewEvent, future: asyncio.Future[Receipt]
+        self,
+        reception: Reception,
+        event: NewEvent,
+        answered: Callable[[Answer | BaseException], None],
     ) -> None:
         self.reception = reception
         self.event = event
-        self.future = future
+        self.answered = answered
+        self._done = False
 
-    def answer(self) -> Answer:
-        """What :class:`Receiver` would answer; raises what it would not catch."""
-        return self.reception.settled(self.event, self.future)
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, receipt: Receipt, /) -> None:
+        self._settle(receipt)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        self._settle(exception)
+
+    def _settle(self, outcome: Receipt | BaseException) -> None:
+        self._done = True
+        try:
+            answer: Answer | BaseException = self.reception.settled(self.event, outcome)
+        except Exception as exc:
+            answer = exc
+        self.answered(answer)
 
 
 async def _send(send: Send, answer: Answer) -> None:

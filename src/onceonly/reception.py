@@ -16,15 +16,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import asyncio
-
 from ._exceptions import (
     DeliveryRejected,
     PayloadError,
     StoreError,
     StoreRejected,
-    StoreUnavailable,
     TenantUnavailable,
 )
 from .events import Delivery, NewEvent, Receipt
@@ -145,24 +141,23 @@ class Reception:
         self.metrics.accepted(delivery.provider, duplicate=receipt.duplicate, tenant=tenant)
         return _DUPLICATE if receipt.duplicate else _STORED
 
-    def settled(self, event: NewEvent, future: asyncio.Future[Receipt]) -> Answer:
+    def settled(self, event: NewEvent, outcome: Receipt | BaseException) -> Answer:
         """The answer to a delivery whose `event` went into the group commit
-        by :meth:`GroupCommit.enqueue <onceonly.batching.GroupCommit.enqueue>`
-        (``onceonly serve``'s protocol), once `future` is done: the same
-        answer, and the same count in the metrics, as :meth:`receive` gives."""
-        exc = StoreUnavailable("shutting down") if future.cancelled() else future.exception()
-        if exc is None:
-            receipt = future.result()
-            self.inbox.log_receipt(event, receipt)
-            self.metrics.accepted(event.provider, duplicate=receipt.duplicate, tenant=event.tenant)
-            return _DUPLICATE if receipt.duplicate else _STORED
-        if isinstance(exc, StoreRejected):
+        by :meth:`GroupCommit.add <onceonly.batching.GroupCommit.add>`
+        (``onceonly serve``'s protocol), given what came of it: the same
+        answer, and the same count in the metrics, as :meth:`receive` gives.
+        Raises what :meth:`receive` would not catch."""
+        if isinstance(outcome, Receipt):
+            self.inbox.log_receipt(event, outcome)
+            self.metrics.accepted(event.provider, duplicate=outcome.duplicate, tenant=event.tenant)
+            return _DUPLICATE if outcome.duplicate else _STORED
+        if isinstance(outcome, StoreRejected):
             # As the inbox says it (see Inbox.receive): this event only.
-            refused = PayloadError(f"the database cannot store this event: {exc}")
+            refused = PayloadError(f"the database cannot store this event: {outcome}")
             return self.rejected(event.provider, refused, event.tenant)
-        if isinstance(exc, StoreError):
-            return self.store_failed(event.provider, exc, event.tenant)
-        raise exc
+        if isinstance(outcome, StoreError):
+            return self.store_failed(event.provider, outcome, event.tenant)
+        raise outcome
 
     def rejected(self, provider: str, exc: DeliveryRejected, tenant: str = "") -> Answer:
         """The 4xx for a delivery refused before or during :meth:`receive`

@@ -93,6 +93,42 @@ async def test_a_cancelled_waiter_does_not_break_the_batch() -> None:
     assert (await commits.submit(new_event("c"))).id is not None
 
 
+class Recorded:
+    """A waiter that is not a future: what it was given, as it was given."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[object] = []
+
+    def done(self) -> bool:
+        return bool(self.outcomes)
+
+    def set_result(self, result: Receipt, /) -> None:
+        self.outcomes.append(result)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        self.outcomes.append(exception)
+
+
+async def test_a_waiter_added_without_a_future_gets_its_own_outcome_once() -> None:
+    store = SlowStore()
+    commits = GroupCommit(store.insert_events)
+    waiters = [Recorded() for _ in range(3)]
+    for n, waiter in enumerate(waiters):
+        commits.add(new_event(f"w{n % 2}"), waiter)
+    while not all(w.done() for w in waiters):
+        await asyncio.sleep(0.005)
+    receipts = [w.outcomes for w in waiters]
+    assert all(len(r) == 1 and isinstance(r[0], Receipt) for r in receipts)
+    assert [r[0].duplicate for r in receipts] == [False, False, True]  # type: ignore[attr-defined]
+    # And a batch that fails hands each waiter the error.
+    store.unavailable = True
+    failing = Recorded()
+    commits.add(new_event("w9"), failing)
+    while not failing.done():
+        await asyncio.sleep(0.005)
+    assert [type(o) for o in failing.outcomes] == [StoreUnavailable]
+
+
 def inbox(store: MemoryStore) -> Inbox:
     return Inbox(store, {"stripe": Stripe(STRIPE_SECRET)})
 

@@ -250,33 +250,41 @@ class ServeProtocol(OneWriteProtocol):
             self._hand_over(held, complete=False)
 
     def _receive(self, held: _Held) -> Answer | _Answering | None:
+        waiting = _Answering(held.keep_alive)
         try:
-            outcome = held.receiver.receive_now(held.path, held.query, self.headers, held.body)
+            outcome = held.receiver.receive_now(
+                held.path,
+                held.query,
+                self.headers,
+                held.body,
+                lambda answer: self._settle(answer, waiting),
+            )
         except Exception:
             log.exception("Exception in onceonly's receive path")
             self._internal_error()
             return _Answering(False)
         if not isinstance(outcome, Pending):
             return outcome
-        waiting = _Answering(held.keep_alive)
         # uvicorn's protocol looks at its cycle to queue a request pipelined
         # behind this one, and to mark a shutdown or a lost connection.
         self.cycle = waiting  # type: ignore[assignment]
-        outcome.future.add_done_callback(lambda _: self._settle(outcome, waiting))
         return waiting
 
-    def _settle(self, pending: Pending, waiting: _Answering) -> None:
-        """The commit's callback: the delivery's answer, on its connection."""
+    def _settle(self, answer: Answer | BaseException, waiting: _Answering) -> None:
+        """From the group commit, once the delivery's batch is done: its
+        answer on its connection. Never raises: the commit's other
+        deliveries are answered after it."""
         waiting.response_complete = True
         try:
-            answer = pending.answer()
+            if isinstance(answer, BaseException):
+                log.error("Exception in onceonly's receive path", exc_info=answer)
+                self._internal_error()
+            elif not (waiting.disconnected or self.transport.is_closing()):
+                self._answer(answer, waiting.keep_alive)
+            # else: its client went away; the event is stored all the same
         except Exception:
-            log.exception("Exception in onceonly's receive path")
-            self._internal_error()
-            return
-        if waiting.disconnected or self.transport.is_closing():
-            return  # its client went away; the event is stored all the same
-        self._answer(answer, waiting.keep_alive)
+            log.exception("Exception while answering a delivery")
+            self.transport.abort()
 
     def _answer(self, answer: Answer, keep_alive: bool) -> None:
         """`answer` as uvicorn would write it, then what uvicorn does after
