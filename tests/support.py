@@ -110,7 +110,11 @@ class _ClosingServer(uvicorn.Server):
 
 @contextlib.contextmanager
 def live_server(
-    app: Any, *, closing: Sequence[_Closeable] = (), http: Any = ServeProtocol
+    app: Any,
+    *,
+    closing: Sequence[_Closeable] = (),
+    http: Any = ServeProtocol,
+    timeout_keep_alive: float = 60,
 ) -> Iterator[str]:
     """Serve an ASGI app with uvicorn on a loopback port, in a thread.
 
@@ -135,7 +139,7 @@ def live_server(
         # the server and a test's client sharing one busy process (three xdist
         # workers on two cores), a client could send its next request on a
         # connection just as the server closed it (httpx.ReadError).
-        timeout_keep_alive=60,
+        timeout_keep_alive=timeout_keep_alive,  # type: ignore[arg-type]
     )
     server = _ClosingServer(config, closing)
     thread = threading.Thread(target=server.run, daemon=True)

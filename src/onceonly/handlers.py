@@ -236,6 +236,9 @@ class HandlerRegistry:
         self._resolved: dict[tuple[str, str | None], Route | None] = {}
         self._lock = threading.Lock()
         self.actions: dict[str, Action] = {}
+        # Whether any handler orders its events: without one, no event needs
+        # the lookup of its handler on the receive path.
+        self._ordering = False
 
     def add(
         self,
@@ -269,6 +272,7 @@ class HandlerRegistry:
                     patterns.append((event_type[:-1], event_type))
                     patterns.sort(key=lambda p: len(p[0]), reverse=True)
             self._resolved.clear()
+            self._ordering = self._ordering or ordering is not None
 
     @staticmethod
     def _joined(route: Route, new: Registration) -> Route:
@@ -361,6 +365,8 @@ class HandlerRegistry:
         string, a NUL), leaves the event unordered, with a warning: the event
         is signed and valid, and refusing it would lose it.
         """
+        if not self._ordering:
+            return None
         registration = self.resolve(event.provider, event.event_type)
         if registration is None or registration.ordering is None:
             return None

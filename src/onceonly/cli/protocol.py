@@ -26,6 +26,7 @@ answered here, otherwise it is handed to uvicorn as if it had just arrived.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import urllib.parse
 from typing import Any
@@ -146,6 +147,8 @@ class ServeProtocol(OneWriteProtocol):
 
     _held: _Held | None = None
     _route: tuple[Receiver | None, tuple[str, ...]] | None = None
+    _idle_since: float | None = None
+    _idle_timer: asyncio.TimerHandle | None = None
 
     def on_message_begin(self) -> None:
         # uvicorn builds the request's ASGI scope here; the hot path needs
@@ -292,7 +295,38 @@ class ServeProtocol(OneWriteProtocol):
         self._write(answer, keep_alive)
         if not keep_alive:
             self.transport.close()
-        self.on_response_complete()
+        # uvicorn's on_response_complete, but for the keep-alive timer: a
+        # timer set and cancelled per answer cost more than the answer's
+        # write; one timer per connection checks how long it has been idle.
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._idle_since = self.loop.time()
+        if self._idle_timer is None:
+            self._idle_timer = self.loop.call_later(self.timeout_keep_alive, self._idle_check)
+
+    def _idle_check(self) -> None:
+        """The keep-alive timeout of hot-path answers: close a connection idle
+        that long; while a request is under way, the next answer sets it again."""
+        self._idle_timer = None
+        idle_since = self._idle_since
+        if idle_since is None or self.transport.is_closing():
+            return
+        left = idle_since + self.timeout_keep_alive - self.loop.time()
+        if left > 0:
+            self._idle_timer = self.loop.call_later(left, self._idle_check)
+        else:
+            self.transport.close()
+
+    def _unset_keepalive_if_required(self) -> None:
+        # uvicorn calls this when a read arrives: the connection is not idle.
+        self._idle_since = None
+        super()._unset_keepalive_if_required()
 
     def _write(self, answer: Answer, keep_alive: bool) -> None:
         data = _render(self.server_state.default_headers, answer, keep_alive)
@@ -320,4 +354,7 @@ class ServeProtocol(OneWriteProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._held = None
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         super().connection_lost(exc)

@@ -286,6 +286,28 @@ def test_pipelined_requests_are_answered_in_order(tmp_path: Path, asgi_calls: li
     assert len(asgi_calls) == 5
 
 
+def test_a_connection_closes_once_idle_for_the_keep_alive_timeout(tmp_path: Path) -> None:
+    """Counted from the last answer, not the first: a connection in use stays
+    open, an idle one is closed, whichever path answered last."""
+    app = onceonly_app(tmp_path, "idle.db")
+    with live_server(app.asgi(), timeout_keep_alive=1) as url:
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            buffer = bytearray()
+            for n in range(4):  # 1.8 s in all, never 1 s idle
+                sock.sendall(delivery(f"evt_idle_{n}"))
+                assert read_response(sock, buffer).startswith(b"HTTP/1.1 200 OK")
+                time.sleep(0.6)
+            sock.sendall(request("/healthz", method="GET"))  # uvicorn's path, then idle
+            assert read_response(sock, buffer).startswith(b"HTTP/1.1 200 OK")
+            sock.sendall(delivery("evt_idle_last"))  # the hot path, then idle
+            assert read_response(sock, buffer).startswith(b"HTTP/1.1 200 OK")
+            began = time.monotonic()
+            assert sock.recv(1024) == b""  # closed by the server
+            assert 0.8 < time.monotonic() - began < 5
+    assert len(stored_ids(app)) == 5
+
+
 def test_a_body_that_arrives_later_is_read_by_uvicorns_path(
     tmp_path: Path, asgi_calls: list[str]
 ) -> None:
