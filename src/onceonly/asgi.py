@@ -43,13 +43,17 @@ def lower_header_list(
     raw_headers: Sequence[tuple[bytes, bytes]], limit: int | None = None
 ) -> dict[str, str]:
     """:func:`lower_headers` of the scope's ``headers`` list itself."""
-    if limit is not None and sum(len(n) + len(v) for n, v in raw_headers) > limit:
-        raise HeadersTooLarge(f"request headers are over the {limit}-byte limit")
     headers: dict[str, str] = {}
+    size = 0
     for raw_name, raw_value in raw_headers:
+        size += len(raw_name) + len(raw_value)
         name = raw_name.decode("latin-1").lower()
         value = raw_value.decode("latin-1")
         headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    # Counted in the same pass (decoding is linear in the same bytes), and
+    # refused before anything reads them.
+    if limit is not None and size > limit:
+        raise HeadersTooLarge(f"request headers are over the {limit}-byte limit")
     return headers
 
 

@@ -339,10 +339,16 @@ def json_object(delivery: Delivery) -> dict[str, Any]:
     return data
 
 
+@functools.lru_cache(maxsize=256)
+def _steps(dotted: str) -> tuple[str, ...]:
+    # The paths are the providers' own constants: split each once.
+    return tuple(dotted.split("."))
+
+
 def lookup(data: Mapping[str, Any], dotted: str) -> Any:
     """``lookup({"data": {"id": 1}}, "data.id") == 1``; ``None`` when a step is missing."""
     current: Any = data
-    for step in dotted.split("."):
+    for step in _steps(dotted):
         if not isinstance(current, Mapping) or step not in current:
             return None
         current = current[step]
@@ -382,7 +388,7 @@ def moment(value: Any, *, zone: tzinfo = UTC) -> datetime | None:
     if isinstance(value, bool):
         return None
     try:
-        if isinstance(value, int | float):
+        if isinstance(value, (int, float)):  # a tuple: no union object built per call
             return datetime.fromtimestamp(value, UTC)
         if isinstance(value, str) and value:
             parsed = datetime.fromisoformat(value)

@@ -48,10 +48,11 @@ class Stripe(TimestampedProvider):
         if timestamp is None or not signatures:
             raise self.reject("malformed Stripe-Signature header: needs t= and v1=")
         self.check_timestamp(timestamp)
-        expected = (
-            hmac_sha256(secret.encode(), timestamp.encode(), b".", delivery.body).hex().encode()
+        signed = timestamp.encode()
+        expected = [
+            hmac_sha256(secret.encode(), signed, b".", delivery.body).hex().encode()
             for secret in self.secrets
-        )
+        ]
         if not any_match(expected, signatures):
             raise self.reject("no v1 signature matches")
 
