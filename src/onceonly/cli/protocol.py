@@ -40,7 +40,7 @@ from ..receiver import Pending, Receiver
 from ..reception import Answer
 from .transport import OneWriteProtocol, OneWriteTransport
 
-__all__ = ["HOT_BODY_BYTES", "ServeProtocol"]
+__all__ = ["HOT_BODY_BYTES", "ServeProtocol", "hot_receiver"]
 
 log = logging.getLogger("uvicorn.error")
 

@@ -209,6 +209,23 @@ CASES: dict[str, Callable[[], Sequence[bytes]]] = {
     "body over the limit": lambda: [_signed(json.dumps({"id": "e", "p": "x" * 5000}).encode())],
     "chunked body": lambda: [_chunked("evt_chunked")],
     "Expect: 100-continue": lambda: [delivery("evt_expect", Expect="100-continue")],
+    # What a hostile client writes: the parser's 400, or the receiver's answer.
+    "a byte that is not ASCII in the path": lambda: [
+        b"POST /webhooks/str\xffipe HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n{}"
+    ],
+    "a percent escape that is not UTF-8": lambda: [_signed(b"{}", "/webhooks/%ff")],
+    "Content-Length twice": lambda: [
+        b"POST /webhooks/stripe HTTP/1.1\r\nHost: t\r\n"
+        b"Content-Length: 2\r\nContent-Length: 2\r\n\r\n{}"
+    ],
+    "Content-Length with a sign": lambda: [
+        b"POST /webhooks/stripe HTTP/1.1\r\nHost: t\r\nContent-Length: +2\r\n\r\n{}"
+    ],
+    "a broken query escape": lambda: [_signed(b'{"id": "evt_q"}', "/webhooks/stripe?%zz=%")],
+    "an absolute URL": lambda: [_signed(b'{"id": "evt_abs"}', "http://elsewhere/webhooks/stripe")],
+    "a control character in a header": lambda: [
+        b"POST /webhooks/stripe HTTP/1.1\r\nHost: t\r\nX: \x01\r\nContent-Length: 2\r\n\r\n{}"
+    ],
     "health and metrics": lambda: [
         request("/healthz", method="GET"),
         request("/metrics", method="GET"),
