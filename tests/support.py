@@ -156,6 +156,32 @@ def live_server(
         thread.join(10)
 
 
+def read_http_response(sock: socket.socket, buffer: bytearray) -> bytes:
+    """One whole HTTP/1.1 response (head and a Content-Length body, none
+    without one) from `sock`; what follows it stays in `buffer`."""
+    while b"\r\n\r\n" not in buffer:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed mid-head: {bytes(buffer)!r}"
+        buffer += chunk
+    head = bytes(buffer).partition(b"\r\n\r\n")[0]
+    length = next(
+        (
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        ),
+        0,
+    )
+    size = len(head) + 4 + length
+    while len(buffer) < size:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed mid-body"
+        buffer += chunk
+    response = bytes(buffer[:size])
+    del buffer[:size]
+    return response
+
+
 class TcpProxy:
     """A loopback TCP proxy that can be cut and restored, standing in for the
     network path to a database: cut, every connection through it drops and new

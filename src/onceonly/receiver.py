@@ -193,14 +193,7 @@ class Receiver:
             return
         if body is None:
             return  # the client disconnected; there is nobody to answer
-        raw_query: bytes = scope.get("query_string", b"")
-        delivery = Delivery(
-            provider=provider,
-            body=body,
-            headers=headers,
-            query=dict(parse_qsl(raw_query.decode("latin-1"))) if raw_query else {},
-            tenant=tenant,
-        )
+        delivery = _delivery(provider, tenant, headers, scope.get("query_string", b""), body)
         await _send(send, await reception.receive(delivery, verifier))
 
     def receive_now(
@@ -237,14 +230,7 @@ class Receiver:
             headers = ReadHeaders(lower_header_list(raw_headers, reception.max_header_bytes))
             if len(body) > reception.max_body_bytes:
                 raise BodyTooLarge(f"body is over the {reception.max_body_bytes}-byte limit")
-            delivery = Delivery(
-                provider=provider,
-                body=body,
-                headers=headers,
-                query=dict(parse_qsl(query.decode("latin-1"))) if query else {},
-                tenant=tenant,
-            )
-            event = self.inbox.prepare(delivery, verifier)
+            event = self.inbox.prepare(_delivery(provider, tenant, headers, query, body), verifier)
         except DeliveryRejected as exc:
             return reception.rejected(provider, exc, tenant)
         pending = Pending(reception, event, answered)
@@ -262,6 +248,18 @@ class Receiver:
             await _send(send, self.reception.unhealthy)
             return
         await send_response(send, 200, b'{"status":"ok"}', [_JSON])
+
+
+def _delivery(
+    provider: str, tenant: str, headers: ReadHeaders, query: bytes, body: bytes
+) -> Delivery:
+    return Delivery(
+        provider=provider,
+        body=body,
+        headers=headers,
+        query=dict(parse_qsl(query.decode("latin-1"))) if query else {},
+        tenant=tenant,
+    )
 
 
 class Pending:

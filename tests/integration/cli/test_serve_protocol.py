@@ -26,6 +26,7 @@ from onceonly.receiver import Receiver
 from onceonly.store import Store
 from onceonly.store.memory import MemoryStore
 from support import STRIPE_SECRET, live_server, stripe_delivery
+from support import read_http_response as read_response
 
 MAX_BODY_BYTES = 4096
 
@@ -63,31 +64,6 @@ def delivery(event_id: str, **changes: str) -> bytes:
     changed = {k.lower() for k in changes}
     kept = {k: v for k, v in headers.items() if k.lower() not in changed}
     return request("/webhooks/stripe", body, kept | {k: v for k, v in changes.items() if v})
-
-
-def read_response(sock: socket.socket, buffer: bytearray) -> bytes:
-    """One whole response (head and body) from `sock`; what follows stays in `buffer`."""
-    while b"\r\n\r\n" not in buffer:
-        chunk = sock.recv(65536)
-        assert chunk, f"connection closed mid-head: {bytes(buffer)!r}"
-        buffer += chunk
-    head, _, _ = bytes(buffer).partition(b"\r\n\r\n")
-    length = next(
-        (
-            int(line.split(b":", 1)[1])
-            for line in head.split(b"\r\n")
-            if line.lower().startswith(b"content-length:")
-        ),
-        0,
-    )
-    size = len(head) + 4 + length
-    while len(buffer) < size:
-        chunk = sock.recv(65536)
-        assert chunk, "connection closed mid-body"
-        buffer += chunk
-    response = bytes(buffer[:size])
-    del buffer[:size]
-    return response
 
 
 def without_date(response: bytes) -> bytes:

@@ -20,7 +20,7 @@ from onceonly import Onceonly
 from onceonly.asgi import Receive, Scope, Send
 from onceonly.cli.transport import HOLD_BYTES, OneWriteProtocol, OneWriteTransport
 from onceonly.providers import Stripe
-from support import STRIPE_SECRET, live_server, stripe_delivery
+from support import STRIPE_SECRET, live_server, read_http_response, stripe_delivery
 
 
 class _Counting:
@@ -159,23 +159,7 @@ async def sized(scope: Scope, receive: Receive, send: Send) -> None:
 
 def read_response(sock: socket.socket, buffer: bytearray) -> tuple[bytes, bytes]:
     """One response's head and body from `sock` (what follows stays in `buffer`)."""
-    while b"\r\n\r\n" not in buffer:
-        chunk = sock.recv(65536)
-        assert chunk, f"connection closed mid-head: {bytes(buffer)!r}"
-        buffer += chunk
-    head, _, rest = bytes(buffer).partition(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":", 1)[1])
-        for line in head.split(b"\r\n")
-        if line.lower().startswith(b"content-length:")
-    )
-    buffer[:] = rest
-    while len(buffer) < length:
-        chunk = sock.recv(65536)
-        assert chunk, "connection closed mid-body"
-        buffer += chunk
-    body = bytes(buffer[:length])
-    del buffer[:length]
+    head, _, body = read_http_response(sock, buffer).partition(b"\r\n\r\n")
     return head, body
 
 
