@@ -156,6 +156,17 @@ def live_server(
         thread.join(10)
 
 
+def until_closed(port: int, request: bytes) -> bytes:
+    """Send `request` on a new loopback connection to `port`; all that comes
+    back until the server closes it."""
+    received = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        while chunk := sock.recv(65536):
+            received += chunk
+    return received
+
+
 def read_http_response(sock: socket.socket, buffer: bytearray) -> bytes:
     """One whole HTTP/1.1 response (head and a Content-Length body, none
     without one) from `sock`; what follows it stays in `buffer`."""

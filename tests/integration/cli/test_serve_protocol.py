@@ -25,7 +25,7 @@ from onceonly.providers import Stripe
 from onceonly.receiver import Receiver
 from onceonly.store import Store
 from onceonly.store.memory import MemoryStore
-from support import STRIPE_SECRET, live_server, stripe_delivery
+from support import STRIPE_SECRET, live_server, stripe_delivery, until_closed
 from support import read_http_response as read_response
 
 MAX_BODY_BYTES = 4096
@@ -90,13 +90,7 @@ def exchange(url: str, requests: Sequence[bytes], *, together: bool = False) -> 
 
 def closed_after(url: str, one: bytes) -> bytes:
     """The one response to `one`, checking the server then closes the connection."""
-    port = int(url.rsplit(":", 1)[1])
-    received = b""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(one)
-        while chunk := sock.recv(65536):
-            received += chunk
-    return received
+    return until_closed(int(url.rsplit(":", 1)[1]), one)
 
 
 def stored_ids(app: Onceonly) -> list[str]:

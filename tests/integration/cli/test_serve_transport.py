@@ -20,7 +20,13 @@ from onceonly import Onceonly
 from onceonly.asgi import Receive, Scope, Send
 from onceonly.cli.transport import HOLD_BYTES, OneWriteProtocol, OneWriteTransport
 from onceonly.providers import Stripe
-from support import STRIPE_SECRET, live_server, read_http_response, stripe_delivery
+from support import (
+    STRIPE_SECRET,
+    live_server,
+    read_http_response,
+    stripe_delivery,
+    until_closed,
+)
 
 
 class _Counting:
@@ -185,25 +191,15 @@ def test_pipelined_requests_get_their_own_bodies_in_order_large_or_small() -> No
     assert len(connection.writes) == len(sizes) + 2
 
 
-def exchange(port: int, request: bytes) -> bytes:
-    """Send `request` on a new connection; all that comes back until the server closes it."""
-    received = b""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(request)
-        while chunk := sock.recv(65536):
-            received += chunk
-    return received
-
-
 def test_closing_sends_what_was_written_first() -> None:
     with live_server(sized, http=OneWriteProtocol) as url:
         port = int(url.rsplit(":", 1)[1])
         # The client asks to close: the answer, then the end of the connection.
-        received = exchange(port, b"GET /20 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        received = until_closed(port, b"GET /20 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
         assert received.startswith(b"HTTP/1.1 200 OK")
         assert received.endswith(b"\r\n\r\n" + pattern(20))
         # A request uvicorn cannot parse: its 400, written just before it closes.
-        received = exchange(port, b"NOT HTTP AT ALL\r\n\r\n")
+        received = until_closed(port, b"NOT HTTP AT ALL\r\n\r\n")
         assert received.startswith(b"HTTP/1.1 400 Bad Request")
         assert b"Invalid HTTP request" in received
 
