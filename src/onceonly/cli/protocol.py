@@ -149,6 +149,7 @@ class ServeProtocol(OneWriteProtocol):
     _route: tuple[Receiver | None, tuple[str, ...]] | None = None
     _idle_since: float | None = None
     _idle_timer: asyncio.TimerHandle | None = None
+    _ignored = False
 
     def on_message_begin(self) -> None:
         # uvicorn builds the request's ASGI scope here; the hot path needs
@@ -156,8 +157,16 @@ class ServeProtocol(OneWriteProtocol):
         self.url = b""
         self.expect_100_continue = False
         self.headers = []
+        self._ignored = False
 
     def on_headers_complete(self) -> None:
+        if self.transport.is_closing():
+            # An answer written during this read closed the connection
+            # (``Connection: close``, HTTP/1.0, a 500): what the client sent
+            # after that request is not served, as uvicorn serves nothing
+            # pipelined behind an answer that closes.
+            self._ignored = True
+            return
         # A request is under way: no keep-alive timer may run. (uvicorn stops
         # it when a read arrives; an answer written during a read, which only
         # this protocol does, starts it again.)
@@ -225,15 +234,16 @@ class ServeProtocol(OneWriteProtocol):
 
     def on_body(self, body: bytes) -> None:
         held = self._held
-        if held is None:
-            super().on_body(body)
-        else:
+        if held is not None:
             held.body = held.body + body if held.body else body
+        elif not self._ignored:
+            super().on_body(body)
 
     def on_message_complete(self) -> None:
         held = self._held
         if held is None:
-            super().on_message_complete()
+            if not self._ignored:
+                super().on_message_complete()
             return
         self._held = None
         outcome = self._receive(held)

@@ -249,6 +249,41 @@ def test_a_client_that_asks_to_close_gets_its_answer_then_the_close(
     assert answers[ServeProtocol] == answers["httptools"]
 
 
+class _Broken(Stripe):
+    def verify(self, delivery: Delivery) -> None:
+        raise RuntimeError("a bug in the provider")
+
+
+@pytest.mark.parametrize("first", ["Connection: close", "a 500"])
+def test_nothing_pipelined_behind_an_answer_that_closes_is_served(
+    tmp_path: Path, first: str
+) -> None:
+    """A request answered at once with the connection's end (refused with
+    ``Connection: close``, or a 500), then a valid delivery in the same write:
+    that answer, the close, and the delivery neither answered nor stored, as
+    with uvicorn's own protocol."""
+    body, headers = stripe_delivery("evt_after_close")
+    after = request("/webhooks/stripe", body, headers)
+    if first == "a 500":
+        closing = _signed(b'{"id": "evt_bug"}', "/webhooks/broken")
+    else:
+        closing = delivery(
+            "evt_refused", **{"Stripe-Signature": "t=1,v1=00", "Connection": "close"}
+        )
+    answers = {}
+    for protocol in (ServeProtocol, "httptools"):
+        app = Onceonly(
+            database_url=f"sqlite:///{tmp_path / f'{protocol!s:.9}-after-close.db'}",
+            providers={"stripe": Stripe(STRIPE_SECRET), "broken": _Broken(STRIPE_SECRET)},
+            environ={},
+        )
+        with live_server(app.asgi(), http=protocol) as url:
+            answers[protocol] = without_date(closed_after(url, closing + after))
+        assert stored_ids(app) == []
+    assert answers[ServeProtocol].count(b"HTTP/1.1") == 1
+    assert answers[ServeProtocol] == answers["httptools"]
+
+
 def test_pipelined_requests_are_answered_in_order(tmp_path: Path, asgi_calls: list[str]) -> None:
     """Requests sent in one write, deliveries and others mixed: each answer
     waits for the one before it, whichever path either took."""
@@ -385,15 +420,11 @@ def test_an_error_that_is_a_bug_is_a_500_and_a_closed_connection_both_ways() -> 
 
 
 def test_a_provider_that_raises_is_a_500_too(tmp_path: Path) -> None:
-    class Broken(Stripe):
-        def verify(self, delivery: Delivery) -> None:
-            raise RuntimeError("a bug in the provider")
-
     answers = {}
     for protocol in (ServeProtocol, "httptools"):
         app = Onceonly(
             database_url=f"sqlite:///{tmp_path / f'{protocol!s:.9}-broken.db'}",
-            providers={"stripe": Broken(STRIPE_SECRET)},
+            providers={"stripe": _Broken(STRIPE_SECRET)},
             environ={},
         )
         with live_server(app.asgi(), http=protocol) as url:
