@@ -47,6 +47,12 @@ def _check_text(value: str, what: str) -> None:
         raise PayloadError(f"the {what} is not valid Unicode (a lone surrogate)") from None
 
 
+def refused(exc: StoreRejected) -> PayloadError:
+    """A delivery whose event the database refused (a value it cannot store):
+    a 400 for that delivery only, never its batch's neighbours (see batching)."""
+    return PayloadError(f"the database cannot store this event: {exc}")
+
+
 def _optional_text(value: str | None) -> str | None:
     """An auxiliary field (the object id) that no engine would store faithfully
     is left out rather than refusing the event it came with: the event is
@@ -112,7 +118,7 @@ class Inbox:
         try:
             return await self.commits.submit(event)
         except StoreRejected as exc:
-            raise PayloadError(f"the database cannot store this event: {exc}") from None
+            raise refused(exc) from None
 
     def _about(self, event: NewEvent) -> NewEvent:
         """`event` with the object and creation time its provider reads from a
@@ -203,7 +209,7 @@ class Inbox:
             receipt = await self.commits.submit(event)
         except StoreRejected as exc:
             # Refused alone (see batching): this event only, never its neighbours.
-            raise PayloadError(f"the database cannot store this event: {exc}") from None
+            raise refused(exc) from None
         self.log_receipt(event, receipt)
         return receipt
 

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 from ._exceptions import (
     DeliveryRejected,
-    PayloadError,
     StoreError,
     StoreRejected,
     TenantUnavailable,
 )
 from .events import Delivery, NewEvent, Receipt
+from .inbox import refused
 from .settings import ReceiverSettings
 
 if TYPE_CHECKING:
@@ -138,7 +138,10 @@ class Reception:
             return self.store_failed(delivery.provider, exc, tenant)
         except TenantUnavailable as exc:
             return self.tenant_failed(delivery.provider, exc, tenant)
-        self.metrics.accepted(delivery.provider, duplicate=receipt.duplicate, tenant=tenant)
+        return self._accepted(delivery.provider, tenant, receipt)
+
+    def _accepted(self, provider: str, tenant: str, receipt: Receipt) -> Answer:
+        self.metrics.accepted(provider, duplicate=receipt.duplicate, tenant=tenant)
         return _DUPLICATE if receipt.duplicate else _STORED
 
     def settled(self, event: NewEvent, outcome: Receipt | BaseException) -> Answer:
@@ -149,12 +152,9 @@ class Reception:
         Raises what :meth:`receive` would not catch."""
         if isinstance(outcome, Receipt):
             self.inbox.log_receipt(event, outcome)
-            self.metrics.accepted(event.provider, duplicate=outcome.duplicate, tenant=event.tenant)
-            return _DUPLICATE if outcome.duplicate else _STORED
+            return self._accepted(event.provider, event.tenant, outcome)
         if isinstance(outcome, StoreRejected):
-            # As the inbox says it (see Inbox.receive): this event only.
-            refused = PayloadError(f"the database cannot store this event: {outcome}")
-            return self.rejected(event.provider, refused, event.tenant)
+            return self.rejected(event.provider, refused(outcome), event.tenant)
         if isinstance(outcome, StoreError):
             return self.store_failed(event.provider, outcome, event.tenant)
         raise outcome

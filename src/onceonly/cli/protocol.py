@@ -38,7 +38,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 from ..dashboard import DashboardMount
 from ..receiver import Pending, Receiver
 from ..reception import Answer
-from .transport import OneWriteProtocol, OneWriteTransport
+from .transport import OneWriteProtocol
 
 __all__ = ["HOT_BODY_BYTES", "ServeProtocol", "hot_receiver"]
 
@@ -96,10 +96,7 @@ def hot_receiver(app: Any, path: str) -> Receiver | None:
     """The :class:`Receiver` that `app` (uvicorn's loaded app) hands a request
     for `path` to, through wrappers known to pass it on unchanged; ``None``
     when anything else may see it first."""
-    receiver, taken = _route_of(app)
-    if receiver is None or any(path == p or path.startswith(p + "/") for p in taken):
-        return None
-    return receiver
+    return _receiver_for(_route_of(app), path)
 
 
 def _route_of(app: Any) -> tuple[Receiver | None, tuple[str, ...]]:
@@ -117,6 +114,14 @@ def _route_of(app: Any) -> tuple[Receiver | None, tuple[str, ...]]:
             app = app.app
         else:
             return None, ()
+
+
+def _receiver_for(route: tuple[Receiver | None, tuple[str, ...]], path: str) -> Receiver | None:
+    """`route`'s receiver (see :func:`_route_of`), unless a wrapper keeps `path`."""
+    receiver, taken = route
+    if receiver is None or any(path == p or path.startswith(p + "/") for p in taken):
+        return None
+    return receiver
 
 
 def _render(defaults: list[tuple[bytes, bytes]], answer: Answer, keep_alive: bool) -> bytes:
@@ -209,12 +214,8 @@ class ServeProtocol(OneWriteProtocol):
             path = urllib.parse.unquote(path)
         if self._route is None:
             self._route = _route_of(self.app)  # once per connection
-        receiver, taken = self._route
-        if (
-            receiver is None
-            or length > receiver.reception.max_body_bytes
-            or any(path == p or path.startswith(p + "/") for p in taken)
-        ):
+        receiver = _receiver_for(self._route, path)
+        if receiver is None or length > receiver.reception.max_body_bytes:
             return None
         keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
         return _Held(receiver, path, url.query or b"", keep_alive)
@@ -246,13 +247,8 @@ class ServeProtocol(OneWriteProtocol):
                 super().on_message_complete()
             return
         self._held = None
-        outcome = self._receive(held)
-        if outcome is None:
+        if not self._receive(held):
             self._hand_over(held, complete=True)
-        elif isinstance(outcome, _Answering):
-            pass  # the commit's callback answers
-        else:
-            self._answer(outcome, held.keep_alive)
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -262,7 +258,9 @@ class ServeProtocol(OneWriteProtocol):
             self._held = None
             self._hand_over(held, complete=False)
 
-    def _receive(self, held: _Held) -> Answer | _Answering | None:
+    def _receive(self, held: _Held) -> bool:
+        """`held`, whole, on the hot path: answered now, or once its commit is
+        done. False when the receiver leaves it to uvicorn's path."""
         waiting = _Answering(held.keep_alive)
         try:
             outcome = held.receiver.receive_now(
@@ -275,13 +273,16 @@ class ServeProtocol(OneWriteProtocol):
         except Exception:
             log.exception("Exception in onceonly's receive path")
             self._internal_error()
-            return _Answering(False)
-        if not isinstance(outcome, Pending):
-            return outcome
-        # uvicorn's protocol looks at its cycle to queue a request pipelined
-        # behind this one, and to mark a shutdown or a lost connection.
-        self.cycle = waiting  # type: ignore[assignment]
-        return waiting
+            return True
+        if outcome is None:
+            return False
+        if isinstance(outcome, Pending):
+            # uvicorn's protocol looks at its cycle to queue a request pipelined
+            # behind this one, and to mark a shutdown or a lost connection.
+            self.cycle = waiting  # type: ignore[assignment]
+        else:
+            self._answer(outcome, held.keep_alive)
+        return True
 
     def _settle(self, answer: Answer | BaseException, waiting: _Answering) -> None:
         """From the group commit, once the delivery's batch is done: its
@@ -339,12 +340,7 @@ class ServeProtocol(OneWriteProtocol):
         super()._unset_keepalive_if_required()
 
     def _write(self, answer: Answer, keep_alive: bool) -> None:
-        data = _render(self.server_state.default_headers, answer, keep_alive)
-        transport = self.transport
-        if isinstance(transport, OneWriteTransport):
-            transport.write_whole(data)
-        else:
-            transport.write(data)
+        self.one_write.write_whole(_render(self.server_state.default_headers, answer, keep_alive))
 
     def _internal_error(self) -> None:
         """As uvicorn answers an app that raised: 500, and the connection closed."""

@@ -127,5 +127,9 @@ class OneWriteProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol on a :class:`OneWriteTransport`: pass it
     as ``uvicorn.run(..., http=OneWriteProtocol)``."""
 
+    #: The connection's transport, as this protocol wraps it.
+    one_write: OneWriteTransport
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(OneWriteTransport(transport, asyncio.get_running_loop()))
+        self.one_write = OneWriteTransport(transport, asyncio.get_running_loop())
+        super().connection_made(self.one_write)
