@@ -4,6 +4,10 @@
 --
 -- MODE "fresh": every request carries a new key, "TAG-<thread>-<random>-<counter>",
 --   from a per-thread counter behind a random per-thread prefix; KEYS is ignored.
+-- MODE "fresh-random": as fresh, with "<scrambled counter>-" before the counter:
+--   8 hex digits that are the counter times an odd constant, modulo 2^32, so
+--   that successive keys sort all over the key space, as UUID4 keys do, rather
+--   than next to each other.
 -- MODE "cycle": thread t cycles over the keys "TAG-t-0" .. "TAG-t-<KEYS-1>", so after
 --   the first pass every request repeats an earlier one (a replay).
 --
@@ -31,7 +35,7 @@ end
 
 function init(args)
    mode, tag, nkeys = args[1], args[2], tonumber(args[3])
-   if mode == "fresh" then
+   if mode == "fresh" or mode == "fresh-random" then
       math.randomseed(os.time() * 1000 + tid * 7919 + math.floor(os.clock() * 1e6))
       prefix = string.format("%s-%d-%08x-", tag, tid, math.random(0, 0x7fffffff))
    elseif mode == "cycle" then
@@ -40,7 +44,7 @@ function init(args)
       end
       prefix = string.format("%s-%d-", tag, tid)
    else
-      error("MODE must be fresh or cycle, got " .. tostring(mode))
+      error("MODE must be fresh, fresh-random or cycle, got " .. tostring(mode))
    end
    head = "POST " .. wrk.path .. " HTTP/1.1\r\n"
       .. "Host: " .. wrk.host .. ":" .. wrk.port .. "\r\n"
@@ -59,7 +63,12 @@ function request()
    end
    calls = calls + 1
    local body = string.format(BODY, tag, i)
-   return head .. i .. "\r\nContent-Length: " .. #body .. "\r\n\r\n" .. body
+   local key = i
+   if mode == "fresh-random" then
+      -- A bijection on 32-bit counters; exact in doubles (below 2^53).
+      key = string.format("%08x-%d", (i * 2654435761) % 4294967296, i)
+   end
+   return head .. key .. "\r\nContent-Length: " .. #body .. "\r\n\r\n" .. body
 end
 
 function response(status, headers, body)

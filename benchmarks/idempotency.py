@@ -9,7 +9,8 @@ Starlette under uvicorn, `POST /orders` reads the JSON body and answers 201 with
   fresh           wrapped in IdempotencyMiddleware(app, store=create_store(url)),
                   every request with a new Idempotency-Key (and an Authorization
                   header, the default client scope): a claim and a completion per
-                  request;
+                  request; the keys are numbered, each sorting next to the last,
+                  or with --key-order random scattered as UUID4 keys are;
   replay          the same, cycling over --keys keys created during the warm-up,
                   so every measured request is a replay, served from the
                   middleware's in-memory response cache;
@@ -290,6 +291,9 @@ class Settings:
     wait_quiet: int
     retries: int
     rounds: int = 1
+    #: Fresh keys: "clustered" (numbered, each next to the last) or "random"
+    #: (scattered over the key space, as UUID4 keys are).
+    key_order: str = "clustered"
 
 
 @dataclass
@@ -575,7 +579,8 @@ def measure(
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEONLY_")}
     cycle = target.startswith("replay")
-    mode = "cycle" if cycle else "fresh"
+    fresh = "fresh-random" if settings.key_order == "random" else "fresh"
+    mode = "cycle" if cycle else fresh
     warm_tag = new_tag()
     run_tag = warm_tag if cycle else new_tag()
     expected = settings.keys * settings.threads
@@ -665,7 +670,7 @@ def print_table(results: Sequence[TargetResult], settings: Settings, env: dict[s
     print(
         f"\nidempotency benchmark: wrk -t{settings.threads} -c{settings.connections} "
         f"-d{settings.duration}s after a {settings.warmup} s warm-up, {settings.rounds} "
-        f"round(s); {settings.keys} keys "
+        f"round(s); {settings.key_order} fresh keys; {settings.keys} keys "
         f"per thread for replays; {env['cpus']} CPUs; Python {env['python']}, "
         f"uvicorn {env['uvicorn']}, uvloop {env['uvloop']}, httptools {env['httptools']}, "
         f"starlette {env['starlette']}; {env['wrk']}"
@@ -759,6 +764,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="wrk threads (-t)")
     parser.add_argument(
         "--keys", type=int, default=2000, help="keys per wrk thread that the replay runs cycle over"
+    )
+    parser.add_argument(
+        "--key-order",
+        choices=("clustered", "random"),
+        default="clustered",
+        help="fresh keys numbered one after the other (default), or scattered over the key "
+        "space as UUID4 keys are (each lands on another page of the key index)",
     )
     parser.add_argument(
         "--engines", default=",".join(ENGINES), help="comma-separated subset of sqlite,postgres"
@@ -873,6 +885,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         wait_quiet=args.wait_quiet,
         retries=args.retries,
         rounds=args.rounds,
+        key_order=args.key_order,
     )
     exit_on_signals()
 

@@ -18,7 +18,10 @@ is not included: it costs the same with and without the middleware.
 With ``--batches N`` it measures the key store alone instead: N batches of 16
 completions and 16 new claims, each handed to the store's ``apply`` as group
 commit hands them, and prints the CPU per batch, of the event loop's thread
-and of the whole process (the SQLite thread included). To compare two trees,
+and of the whole process (the SQLite thread included). ``--keys random``
+(the default) names each claim's key with a UUID4, as clients do, so that the
+keys land all over the primary key's B-tree; ``--keys sequential`` numbers
+them, so that each batch lands where the last one did. To compare two trees,
 run it with each tree's ``src`` first on ``PYTHONPATH``, one after the other,
 a few times.
 """
@@ -30,6 +33,7 @@ import asyncio
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -158,8 +162,9 @@ BATCH = 16
 STORED = b'{"id":"ord_0123456789abcdef0123456789abcdef","object":"order","status":"created"}'
 
 
-async def measure_batches(url: str, batches: int) -> tuple[float, float]:
-    """CPU seconds per batch of `BATCH` completions and `BATCH` claims: (loop, process)."""
+async def measure_batches(url: str, batches: int, key_order: str = "random") -> tuple[float, float]:
+    """CPU seconds per batch of `BATCH` completions and `BATCH` claims: (loop, process).
+    `key_order`: "random" (UUID4 keys) or "sequential" (numbered keys)."""
     from onceonly.store.idempotency import Completion, KeyClaim, StoredResponse
 
     store = create_store(url)
@@ -169,8 +174,14 @@ async def measure_batches(url: str, batches: int) -> tuple[float, float]:
         201, (("content-type", "application/json"), ("content-length", str(len(STORED)))), STORED
     )
     tag = new_tag()
+    if key_order not in ("random", "sequential"):
+        raise ValueError(f"key order {key_order!r}: random or sequential")
+
+    def key(n: int, i: int) -> str:
+        return str(uuid.uuid4()) if key_order == "random" else f"{tag}-{n}-{i}"
+
     claims = [
-        [KeyClaim(f"client-{tag}", f"{tag}-{n}-{i}", "f" * 64) for i in range(BATCH)]
+        [KeyClaim(f"client-{tag}", key(n, i), "f" * 64) for i in range(BATCH)]
         for n in range(batches + 1)
     ]
     loop_s = process_s = 0.0
@@ -210,6 +221,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0,
         help="measure the key store alone: this many batches of 16 completions and 16 claims",
     )
+    parser.add_argument(
+        "--keys",
+        choices=("random", "sequential"),
+        default="random",
+        help="with --batches: UUID4 keys, as clients send (default), or numbered keys",
+    )
     args = parser.parse_args(argv)
     try:
         import uvloop
@@ -227,9 +244,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.batches:
         try:
             for name, address in urls.items():
-                loop_s, process_s = asyncio.run(measure_batches(address, args.batches))
+                loop_s, process_s = asyncio.run(measure_batches(address, args.batches, args.keys))
                 print(
-                    f"{name}: {args.batches} batches of {BATCH} completions + {BATCH} claims: "
+                    f"{name}: {args.batches} batches of {BATCH} completions + {BATCH} claims"
+                    f" ({args.keys} keys): "
                     f"{loop_s * 1e6:.0f} µs loop CPU, {process_s * 1e6:.0f} µs process CPU "
                     "per batch",
                     flush=True,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -370,12 +371,14 @@ def test_receive_ab_runs_each_revision_from_its_own_source(
         ab.export_src("no-such-revision", tmp_path / "other")
 
 
+@pytest.mark.parametrize("key_order", ["random", "sequential"])
 def test_idempotency_cpu_batches_are_stored_and_timed(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, key_order: str
 ) -> None:
     """--batches hands the key store real batches on a real SQLite file: every
     completion lands, every new key is claimed (it raises otherwise), and the
-    figures are CPU time that was spent."""
+    figures are CPU time that was spent. Random keys are UUID4s, as clients
+    send; sequential ones are numbered."""
     import asyncio
 
     import sqlalchemy as sa
@@ -385,18 +388,39 @@ def test_idempotency_cpu_batches_are_stored_and_timed(
 
     try:
         database = tmp_path / "keys.db"
-        loop_s, process_s = asyncio.run(idempotency_cpu.measure_batches(f"sqlite:///{database}", 3))
+        loop_s, process_s = asyncio.run(
+            idempotency_cpu.measure_batches(f"sqlite:///{database}", 3, key_order)
+        )
         assert 0 < loop_s <= process_s
         engine = sa.create_engine(f"sqlite:///{database}")
         with engine.connect() as conn:
             statuses = conn.execute(
                 sa.text("SELECT status, count(*) FROM onceonly_idempotency_keys GROUP BY status")
             ).all()
+            keys = conn.execute(sa.text("SELECT key FROM onceonly_idempotency_keys")).scalars()
+            shapes = {str(uuid.UUID(k)) == k if key_order == "random" else "-" in k for k in keys}
         engine.dispose()
         # Four batches of 16 claims; the first three are completed by the next.
         assert dict(statuses) == {"done": 48, "running": 16}
+        assert shapes == {True}
+        with pytest.raises(ValueError, match="random or sequential"):
+            asyncio.run(idempotency_cpu.measure_batches(f"sqlite:///{database}", 1, "sorted"))
     finally:
         for name in ("idempotency_cpu", "idempotency", "idempotency_app", "_harness"):
+            sys.modules.pop(name, None)
+
+
+def test_idempotency_key_order_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import idempotency
+
+    try:
+        assert idempotency.parse_args([]).key_order == "clustered"
+        assert idempotency.parse_args(["--key-order", "random"]).key_order == "random"
+        with pytest.raises(SystemExit):
+            idempotency.parse_args(["--key-order", "sorted"])
+    finally:
+        for name in ("idempotency", "_harness"):
             sys.modules.pop(name, None)
 
 

@@ -1,14 +1,16 @@
-"""Idempotency-Key records on SQLite: one transaction per batch, on the store's thread.
+"""Idempotency-Key records on SQLite: one transaction per batch.
 
 SQLite has one writer: a batch runs in one ``BEGIN IMMEDIATE`` transaction
-(taken through :meth:`SQLiteStore.begin`, ahead of the workers, like the
-receiver) on the store's thread, with one multi-row statement for its
-completions and one for its claims (each statement a single hand-off of the
-GIL, not one per row). See :mod:`.idempotency` for the claim's rules.
+(taken ahead of the workers, like the receiver's, by the store's request
+writes), on the event loop while commits are quick. Its completions are one
+``executemany`` of a one-row UPDATE; its claims one read of the batch's keys
+and, for the keys found absent, one ``executemany`` of a one-row INSERT. See
+:mod:`.idempotency` for the claim's rules.
 
-Everything runs through :meth:`SQLiteStore.run_in_connection` (or
-``call_in_connection`` on that thread), which rolls back what a failure left
-open and turns sqlite3's errors into onceonly's, as for the receive path.
+The batch goes through :meth:`SQLiteStore.write_on_request_path`, as the
+receiver's deliveries do; the rest (releases, chunks, purges) through
+:meth:`SQLiteStore.run_in_connection`. Both roll back what a failure left open
+and turn sqlite3's errors into onceonly's.
 """
 
 from __future__ import annotations
@@ -53,28 +55,27 @@ _CLAIM = f"""
     RETURNING scope, key, fence
 """
 _CLAIM_ROW = "(?, ?, ?, 'running', ?, ?, ?)"
-# column1..column7 of the VALUES list: scope, key, fence, status, headers, body, chunked.
-_COMPLETE = f"""
-    UPDATE {KEYS} SET status = 'done', response_status = c.column4,
-        response_headers = c.column5, response_body = c.column6, chunked = c.column7,
-        completed_at = ?, locked_until = NULL
-    FROM (VALUES {{rows}}) AS c
-    WHERE {KEYS}.scope = c.column1 AND {KEYS}.key = c.column2
-      AND {KEYS}.fence = c.column3 AND {KEYS}.status = 'running'
-    RETURNING scope, key
+# A key the read found absent, claimed under the write lock: one row per
+# execution of executemany(), which steps one prepared statement in C. A
+# multi-row VALUES list with ON CONFLICT took twice as long for 16 rows
+# (docs/benchmarks.md, 2026-12-06).
+_CLAIM_NEW = f"""
+    INSERT INTO {KEYS} (scope, key, fingerprint, status, locked_until, expires_at, created_at)
+    VALUES (?, ?, ?, 'running', ?, ?, ?)
+    ON CONFLICT (scope, key) DO NOTHING
 """
-_COMPLETE_ROW = "(?, ?, ?, ?, ?, ?, ?)"
+# One row per execution of executemany(), as for _CLAIM_NEW.
+_COMPLETE_ONE = f"""
+    UPDATE {KEYS} SET status = 'done', response_status = ?, response_headers = ?,
+        response_body = ?, chunked = ?, completed_at = ?, locked_until = NULL
+    WHERE scope = ? AND key = ? AND fence = ? AND status = 'running'
+"""
 # CROSS JOIN keeps the VALUES list as the outer loop: one primary-key lookup
 # per key (a row-value IN list would scan the table).
 _READ_MANY = (
     f"SELECT {RECORD_COLUMNS}, locked_until FROM (VALUES {{rows}}) AS v CROSS JOIN {KEYS}"
     f" WHERE {KEYS}.scope = v.column1 AND {KEYS}.key = v.column2"
 )
-# Statement results cost the GIL once per row on this thread, while the event
-# loop wants it too: the common cases below run without RETURNING and learn
-# their outcome from the row count (see _claim_all and _complete_all).
-_CLAIM_QUIET = _CLAIM.replace("RETURNING scope, key, fence", "")
-_COMPLETE_QUIET = _COMPLETE.replace("RETURNING scope, key", "")
 _LANDED = (
     f"SELECT scope, key FROM (VALUES {{rows}}) AS v CROSS JOIN {KEYS}"
     f" WHERE {KEYS}.scope = v.column1 AND {KEYS}.key = v.column2"
@@ -176,19 +177,21 @@ class SQLiteKeyStore(KeyStore):
                 attempts.append(c)
         won: dict[tuple[str, str], int] = {}
         locked_until, expires_at = now + lock_seconds, now + ttl
-        quiet = not any((c.scope, c.key) in records for c in attempts)
+        if not any((c.scope, c.key) in records for c in attempts):
+            # New keys only (the common case): each row inserted is a claim
+            # won, with fence 1, and no row needs reading back.
+            rows = [
+                (c.scope, c.key, c.fingerprint, locked_until, expires_at, now) for c in attempts
+            ]
+            if cursor.executemany(_CLAIM_NEW, rows).rowcount != len(rows):
+                raise StoreError("idempotency keys appeared under the write lock")
+            won.update(((c.scope, c.key), 1) for c in attempts)
+            attempts = []
         for i in range(0, len(attempts), _ROWS):
             part = attempts[i : i + _ROWS]
             params: list[Any] = []
             for c in part:
                 params += (c.scope, c.key, c.fingerprint, locked_until, expires_at, now)
-            if quiet:
-                # New keys only: each row inserted is a claim won, with fence 1.
-                sql = _sql(_CLAIM_QUIET, _CLAIM_ROW, len(part))
-                if cursor.execute(sql, params).rowcount != len(part):
-                    raise StoreError("idempotency keys appeared under the write lock")
-                won.update(((c.scope, c.key), 1) for c in part)
-                continue
             sql = _sql(_CLAIM, _CLAIM_ROW, len(part))
             for row in cursor.execute(sql, params):
                 won[(row["scope"], row["key"])] = row["fence"]
@@ -204,23 +207,22 @@ class SQLiteKeyStore(KeyStore):
     def _complete_all(
         cursor: sqlite3.Cursor, completions: Sequence[Completion], now: float
     ) -> list[bool]:
-        landed: set[tuple[str, str]] = set()
-        for i in range(0, len(completions), _ROWS):
-            part = completions[i : i + _ROWS]
-            params: list[Any] = [now]
-            for c in part:
-                r = c.response
-                params += (
-                    c.scope, c.key, c.fence, r.status, r.headers_json(), r.body, int(r.chunked)
-                )  # fmt: skip
-            sql = _sql(_COMPLETE_QUIET, _COMPLETE_ROW, len(part))
-            if cursor.execute(sql, params).rowcount == len(part):
-                landed.update((c.scope, c.key) for c in part)
-                continue
+        rows = [
+            (r.status, r.headers_json(), r.body, int(r.chunked), now, c.scope, c.key, c.fence)
+            for c in completions
+            for r in (c.response,)
+        ]
+        if cursor.executemany(_COMPLETE_ONE, rows).rowcount == len(rows):
+            landed = {(c.scope, c.key) for c in completions}
+        else:
             # Some came from a stale owner (rare): ask which ones landed.
-            sql = _sql(_LANDED, "(?, ?, ?)", len(part))
-            keys = [v for c in part for v in (c.scope, c.key, c.fence)]
-            landed.update((row["scope"], row["key"]) for row in cursor.execute(sql, [*keys, now]))
+            landed = set()
+            for i in range(0, len(completions), _ROWS):
+                part = completions[i : i + _ROWS]
+                sql = _sql(_LANDED, "(?, ?, ?)", len(part))
+                keys = [v for c in part for v in (c.scope, c.key, c.fence)]
+                found = cursor.execute(sql, [*keys, now])
+                landed.update((row["scope"], row["key"]) for row in found)
         for c in completions:
             if c.response.chunked and (c.scope, c.key) in landed:
                 # Chunks of an earlier owner of the key (a take-over) are no

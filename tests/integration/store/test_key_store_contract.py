@@ -115,6 +115,20 @@ async def test_a_completion_lands_only_for_the_current_owner(keys: KeyStore) -> 
     assert await keys.complete([Completion("c", "k", 2, OK)], now=NOW + 4) == [False]
 
 
+async def test_in_one_batch_the_current_owner_lands_and_a_stale_one_does_not(
+    keys: KeyStore,
+) -> None:
+    await claim(keys, "fresh")
+    await claim(keys, "taken", lock=1)
+    await claim(keys, "taken", now=NOW + 2)  # taken over: fence 2
+    landed = await keys.complete(
+        [Completion("c", "taken", 1, OK), Completion("c", "fresh", 1, OK)], now=NOW + 3
+    )
+    assert landed == [False, True]
+    assert await claim(keys, "fresh", now=NOW + 4) == ("done", 1, "fp")
+    assert await claim(keys, "taken", now=NOW + 4) == ("running", 2, "fp")
+
+
 async def test_a_batch_completes_then_claims(keys: KeyStore) -> None:
     await claim(keys, "a")
     landed, outcomes = await keys.apply(
