@@ -3,9 +3,11 @@
 SQLite has one writer: a batch runs in one ``BEGIN IMMEDIATE`` transaction
 (taken ahead of the workers, like the receiver's, by the store's request
 writes), on the event loop while commits are quick. Its completions are one
-``executemany`` of a one-row UPDATE; its claims one read of the batch's keys
-and, for the keys found absent, one ``executemany`` of a one-row INSERT. See
-:mod:`.idempotency` for the claim's rules.
+``executemany`` of a one-row UPDATE. Its claims are one read of the batch's
+keys, then, when every key to claim is absent (the common case), one
+``executemany`` of a one-row INSERT; otherwise one ``INSERT ... ON CONFLICT DO
+UPDATE ... WHERE``, which decides each. See :mod:`.idempotency` for the
+claim's rules.
 
 The batch goes through :meth:`SQLiteStore.write_on_request_path`, as the
 receiver's deliveries do; the rest (releases, chunks, purges) through
@@ -56,9 +58,10 @@ _CLAIM = f"""
 """
 _CLAIM_ROW = "(?, ?, ?, 'running', ?, ?, ?)"
 # A key the read found absent, claimed under the write lock: one row per
-# execution of executemany(), which steps one prepared statement in C. A
-# multi-row VALUES list with ON CONFLICT took twice as long for 16 rows
-# (docs/benchmarks.md, 2026-12-06).
+# execution of executemany(), which steps one prepared statement in C. For 16
+# UUID4 keys a multi-row VALUES list took twice as long; for 16 numbered keys,
+# which land side by side, it was a fifth quicker (docs/benchmarks.md,
+# 2026-12-06). Clients send UUID4 keys.
 _CLAIM_NEW = f"""
     INSERT INTO {KEYS} (scope, key, fingerprint, status, locked_until, expires_at, created_at)
     VALUES (?, ?, ?, 'running', ?, ?, ?)
@@ -186,7 +189,7 @@ class SQLiteKeyStore(KeyStore):
             if cursor.executemany(_CLAIM_NEW, rows).rowcount != len(rows):
                 raise StoreError("idempotency keys appeared under the write lock")
             won.update(((c.scope, c.key), 1) for c in attempts)
-            attempts = []
+            return answers(claims, first, won, existing)
         for i in range(0, len(attempts), _ROWS):
             part = attempts[i : i + _ROWS]
             params: list[Any] = []
@@ -208,9 +211,17 @@ class SQLiteKeyStore(KeyStore):
         cursor: sqlite3.Cursor, completions: Sequence[Completion], now: float
     ) -> list[bool]:
         rows = [
-            (r.status, r.headers_json(), r.body, int(r.chunked), now, c.scope, c.key, c.fence)
+            (
+                c.response.status,
+                c.response.headers_json(),
+                c.response.body,
+                int(c.response.chunked),
+                now,
+                c.scope,
+                c.key,
+                c.fence,
+            )
             for c in completions
-            for r in (c.response,)
         ]
         if cursor.executemany(_COMPLETE_ONE, rows).rowcount == len(rows):
             landed = {(c.scope, c.key) for c in completions}
