@@ -21,6 +21,14 @@ directory) and on PostgreSQL (a fresh database, dropped and created for the run
 and dropped again at exit unless --keep-db). Each target gets its own server
 process and its own keys; the targets of one engine share its database.
 
+`--engines memory` (not in the default set) adds fresh keys over the unit
+tests' in-memory key store (onceonly.store.memory: not durable, inside the
+server process): the middleware with no database at all, the most fresh keys
+could reach. It is a reference, with no goal; its rows live and die in the
+server, so they are not counted (the no-replay check still runs). That store
+keeps every record as Python objects the garbage collector walks, so its p99
+grows with the run.
+
 Checks (a failed one is printed in capitals and makes the exit status 1):
 
 - no non-2xx answer, no socket error, on any target;
@@ -106,12 +114,15 @@ from _harness import (
     wait_for_quiet,
     wrk_version,
 )
+from idempotency_app import MEMORY
 
 HERE = Path(__file__).resolve().parent
 LUA_SCRIPT = HERE / "idempotency.lua"
 APP = HERE / "idempotency_app.py"
 PATH = "/orders"
 ENGINES = ("sqlite", "postgres")
+#: The engines --engines takes: the default ones and the in-memory reference.
+ALL_ENGINES = (*ENGINES, "memory")
 KINDS = ("fresh", "replay", "replay-nocache")
 # Issue 19 raised the fresh-key goal from 0.5x to 0.8x.
 GOAL_FRESH_RATIO = 0.80
@@ -360,10 +371,10 @@ class TargetResult:
         return f"{name}, round {self.round}"
 
     def goal(self) -> float | None:
-        return goal_for(self.target)
+        return goal_for(self.target, self.engine)
 
     def goal_met(self) -> bool | None:
-        return goal_met(self.target, self.ratio_vs_bare)
+        return goal_met(self.target, self.ratio_vs_bare, self.engine)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -374,7 +385,15 @@ class TargetResult:
         return data
 
 
-def goal_for(target: str) -> float | None:
+def kinds_for(engine: str) -> tuple[str, ...]:
+    """The targets measured on `engine`: all of them, or fresh keys alone for
+    the in-memory reference (its replays say nothing a database's do not)."""
+    return ("fresh",) if engine == "memory" else KINDS
+
+
+def goal_for(target: str, engine: str = "-") -> float | None:
+    if engine == "memory":
+        return None  # a reference: no database, no durability
     if target == "fresh":
         return GOAL_FRESH_RATIO
     if target.startswith("replay"):
@@ -382,8 +401,8 @@ def goal_for(target: str) -> float | None:
     return None
 
 
-def goal_met(target: str, ratio: float | None) -> bool | None:
-    goal = goal_for(target)
+def goal_met(target: str, ratio: float | None, engine: str = "-") -> bool | None:
+    goal = goal_for(target, engine)
     if goal is None or ratio is None:
         return None
     if goal == GOAL_REPLAY_RATIO:
@@ -391,8 +410,10 @@ def goal_met(target: str, ratio: float | None) -> bool | None:
     return ratio >= goal
 
 
-def goal_text(target: str, ratio: float | None) -> str:
-    goal, met = goal_for(target), goal_met(target, ratio)
+def goal_text(target: str, ratio: float | None, engine: str = "-") -> str:
+    if engine == "memory":
+        return "- (no database: a reference)"
+    goal, met = goal_for(target, engine), goal_met(target, ratio, engine)
     if goal is None or met is None:
         return "-"
     sign = ">" if goal == GOAL_REPLAY_RATIO else ">="
@@ -417,8 +438,8 @@ class Summary:
             **asdict(self),
             "median_requests_per_s": statistics.median(self.requests_per_s),
             "median_ratio_vs_bare": self.median_ratio,
-            "goal_ratio": goal_for(self.target),
-            "goal_met": goal_met(self.target, self.median_ratio),
+            "goal_ratio": goal_for(self.target, self.engine),
+            "goal_met": goal_met(self.target, self.median_ratio, self.engine),
         }
 
 
@@ -624,11 +645,16 @@ def measure(
         )
         check_replays(result, run, before, count_keys(database_url, run_tag), expected)
         return result
+    if database_url == MEMORY:
+        result.notes.append("rows not counted: the in-memory store lived in the server")
     for phase, tag, phase_run in (("warm-up", warm_tag, warm), ("measured", run_tag, run)):
         if phase_run is None:
             continue
-        count = count_keys(database_url, tag)
-        result.row_checks.append(check_fresh_rows(phase, count, phase_run, settings.connections))
+        if database_url != MEMORY:
+            count = count_keys(database_url, tag)
+            result.row_checks.append(
+                check_fresh_rows(phase, count, phase_run, settings.connections)
+            )
         if phase_run.replayed:
             result.problems.append(f"{phase}: {phase_run.replayed} fresh keys were replays")
     return result
@@ -711,7 +737,7 @@ def print_table(results: Sequence[TargetResult], settings: Settings, env: dict[s
             f"{statistics.median(summary.requests_per_s):>13,.0f}"
             f"{(f'{median:.3f}x' if median is not None else '-'):>9}  "
             f"{' '.join(f'{x:.2f}' for x in summary.ratios):<{width}}"
-            f"{goal_text(summary.target, median)}"
+            f"{goal_text(summary.target, median, summary.engine)}"
         )
     print(
         f"goals: fresh keys >= {GOAL_FRESH_RATIO}x bare req/s; replays > 1.0x bare"
@@ -773,7 +799,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "space as UUID4 keys are (each lands on another page of the key index)",
     )
     parser.add_argument(
-        "--engines", default=",".join(ENGINES), help="comma-separated subset of sqlite,postgres"
+        "--engines",
+        default=",".join(ENGINES),
+        help="comma-separated subset of sqlite,postgres,memory (memory: fresh keys with no "
+        "database, a reference; not in the default)",
     )
     add_pg_admin_url(parser)
     parser.add_argument(
@@ -790,9 +819,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add_run_options(parser)
     args = parser.parse_args(argv)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    if any(e not in ENGINES for e in engines):
-        parser.error(f"--engines takes a comma-separated subset of {','.join(ENGINES)}")
-    args.engines = [e for e in ENGINES if e in engines]
+    if any(e not in ALL_ENGINES for e in engines):
+        parser.error(f"--engines takes a comma-separated subset of {','.join(ALL_ENGINES)}")
+    args.engines = [e for e in ALL_ENGINES if e in engines]
     if (
         args.duration < 1
         or args.rounds < 1
@@ -848,6 +877,8 @@ class Run(Workspace):
         for engine in settings.engines:
             if engine == "sqlite":
                 urls[engine] = f"sqlite:///{self.workdir / 'onceonly.db'}"
+            elif engine == "memory":
+                urls[engine] = MEMORY
             else:
                 urls[engine] = self.recreate_db()
                 checkpoint(settings.pg_admin_url)
@@ -856,7 +887,7 @@ class Run(Workspace):
             first = len(self.results)
             self.measure("bare", "-", None)
             for engine, url in urls.items():
-                for kind in KINDS:
+                for kind in kinds_for(engine):
                     self.measure(kind, engine, url)
             bare = self.results[first]
             for r in self.results[first:]:
@@ -864,7 +895,8 @@ class Run(Workspace):
                 if bare.requests_per_s:
                     r.ratio_vs_bare = round(r.requests_per_s / bare.requests_per_s, 3)
         for engine, url in urls.items():
-            log(f"[{engine}] {count_all_keys(url):,} rows in {TABLE}")
+            if url != MEMORY:
+                log(f"[{engine}] {count_all_keys(url):,} rows in {TABLE}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,11 +9,13 @@ and reports the CPU each request cost:
   other µs   CPU of the process's other threads (the SQLite thread);
 
 for the bare endpoint and, per engine, fresh keys, replays from the cache and
-replays without it. CPU time, unlike requests/s, barely moves with foreign
+replays without it. The engines are sqlite, postgres and memory (the unit
+tests' in-memory store, not durable: what the middleware itself costs before
+any database work). CPU time, unlike requests/s, barely moves with foreign
 load, so it shows what a code change saved. HTTP parsing (uvicorn/httptools)
 is not included: it costs the same with and without the middleware.
 
-    python benchmarks/idempotency_cpu.py [--requests 4000] [--engines sqlite,postgres]
+    python benchmarks/idempotency_cpu.py [--requests 4000] [--engines sqlite,postgres,memory]
 
 With ``--batches N`` it measures the key store alone instead: N batches of 16
 completions and 16 new claims, each handed to the store's ``apply`` as group
@@ -34,15 +36,18 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from _harness import pg_drop, pg_recreate
 from idempotency import BODY, cycle_request, new_tag
-from idempotency_app import build
+from idempotency_app import MEMORY, build
 from onceonly import create_store
 from onceonly.asgi import ASGIApp, Message
+
+ENGINES = ("sqlite", "postgres", "memory")
+TARGETS = ("fresh", "replay", "replay-nocache")
 
 
 def _process_and_loop_cpu() -> tuple[float, float]:
@@ -131,6 +136,16 @@ async def _drive(app: ASGIApp, requests: int, concurrency: int, make: Any) -> tu
     return loop_us, other_us
 
 
+def _fresh(tag: str) -> Callable[[int], tuple[dict[str, str], bytes]]:
+    """Request `i` of a run of new keys named after `tag`."""
+
+    def make(i: int) -> tuple[dict[str, str], bytes]:
+        headers, _ = cycle_request(tag, 0, i)
+        return headers, BODY.format(tag=tag, i=i).encode()
+
+    return make
+
+
 async def measure(
     target: str, url: str | None, requests: int, concurrency: int
 ) -> tuple[float, float]:
@@ -145,14 +160,12 @@ async def measure(
                 return cycle_request(tag, 0, i % keys)
 
             await _drive(app, keys, concurrency, make)  # creates the keys
-        else:
-
-            def make(i: int) -> tuple[dict[str, str], bytes]:
-                headers, _ = cycle_request(tag, 0, i)
-                return headers, BODY.format(tag=tag, i=i).encode()
-
-        await _drive(app, min(requests, 500), concurrency, make)  # warm-up
-        return await _drive(app, requests, concurrency, make)
+            await _drive(app, min(requests, 500), concurrency, make)  # warm-up
+            return await _drive(app, requests, concurrency, make)
+        # The warm-up's keys are its own: measured with the same ones, the
+        # first 500 "fresh" requests were replays (the figure came out low).
+        await _drive(app, min(requests, 500), concurrency, _fresh(new_tag()))  # warm-up
+        return await _drive(app, requests, concurrency, _fresh(tag))
     finally:
         await inbox.put({"type": "lifespan.shutdown"})
         await task
@@ -209,12 +222,32 @@ async def measure_batches(url: str, batches: int, key_order: str = "random") -> 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=4000)
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--engines", default="sqlite,postgres")
-    parser.add_argument("--targets", default="fresh,replay,replay-nocache")
-    parser.add_argument("--pg-admin-url", default="postgresql://postgres@127.0.0.1:5432/test")
-    parser.add_argument("--pg-database", default="onceonly_bench_idem_cpu")
+    parser.add_argument(
+        "--requests", type=int, default=4000, help="measured requests per target (default 4000)"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=32, help="requests in flight at once (default 32)"
+    )
+    parser.add_argument(
+        "--engines",
+        default="sqlite,postgres",
+        help="comma-separated: sqlite, postgres, memory (the middleware without a database)",
+    )
+    parser.add_argument(
+        "--targets",
+        default=",".join(TARGETS),
+        help="comma-separated: fresh, replay, replay-nocache (default all)",
+    )
+    parser.add_argument(
+        "--pg-admin-url",
+        default="postgresql://postgres@127.0.0.1:5432/test",
+        help="a PostgreSQL database with rights to create the benchmark's own",
+    )
+    parser.add_argument(
+        "--pg-database",
+        default="onceonly_bench_idem_cpu",
+        help="the database it creates, and drops again at exit",
+    )
     parser.add_argument(
         "--batches",
         type=int,
@@ -228,6 +261,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="with --batches: UUID4 keys, as clients send (default), or numbered keys",
     )
     args = parser.parse_args(argv)
+    engines, targets = args.engines.split(","), args.targets.split(",")
+    for kind, names, known in (("engine", engines, ENGINES), ("target", targets, TARGETS)):
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            parser.error(f"unknown {kind} {', '.join(unknown)}: use {', '.join(known)}")
+    if args.batches and "memory" in engines:
+        parser.error("--batches measures a database's key store: sqlite or postgres")
     try:
         import uvloop
 
@@ -236,11 +276,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         pass
     workdir = Path(tempfile.mkdtemp(prefix="onceonly-bench-idem-cpu-"))
     urls: dict[str, str] = {}
-    for engine in args.engines.split(","):
+    for engine in engines:
         if engine == "sqlite":
             urls[engine] = f"sqlite:///{workdir / 'onceonly.db'}"
         elif engine == "postgres":
             urls[engine] = pg_recreate(args.pg_admin_url, args.pg_database)
+        else:
+            urls[engine] = MEMORY
     if args.batches:
         try:
             for name, address in urls.items():
@@ -256,9 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if "postgres" in urls:
                 pg_drop(args.pg_admin_url, args.pg_database)
         return 0
-    rows = [("bare", "-", None)] + [
-        (t, e, u) for e, u in urls.items() for t in args.targets.split(",")
-    ]
+    rows = [("bare", "-", None)] + [(t, e, u) for e, u in urls.items() for t in targets]
     print(f"{'target':<16}{'engine':<10}{'loop µs':>9}{'other µs':>10}{'vs bare loop':>14}")
     bare = 0.0
     try:

@@ -410,6 +410,69 @@ def test_idempotency_cpu_batches_are_stored_and_timed(
             sys.modules.pop(name, None)
 
 
+def test_idempotency_cpu_memory_engine_runs_the_middleware(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--engines memory measures the middleware over the in-memory store: every
+    fresh key is claimed, runs the endpoint (the driver wants its 201) and is
+    stored as done, so the figure is the whole middleware's, minus a database."""
+    import asyncio
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import idempotency_app
+    import idempotency_cpu
+    from onceonly.store.memory import MemoryStore
+
+    stores: list[MemoryStore] = []
+
+    def keep() -> MemoryStore:
+        store = MemoryStore()
+        stores.append(store)
+        return store
+
+    monkeypatch.setattr(idempotency_app, "MemoryStore", keep)
+    try:
+        loop_us, _ = asyncio.run(idempotency_cpu.measure("fresh", "memory://", 40, 8))
+        assert loop_us > 0
+        (store,) = stores
+        records = store.idempotency_keys()
+        # 40 measured keys plus the warm-up's, every one completed.
+        assert len(records.records) == 80
+        assert {r.status for r in records.records.values()} == {"done"}
+    finally:
+        for name in ("idempotency_cpu", "idempotency", "idempotency_app", "_harness"):
+            sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--engines", "postgresql"], "unknown engine postgresql: use sqlite, postgres, memory"),
+        (["--targets", "fresh,replays"], "unknown target replays: use fresh, replay"),
+        (["--engines", "memory", "--batches", "5"], "--batches measures a database"),
+    ],
+)
+def test_idempotency_cpu_refuses_what_it_cannot_measure(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    message: str,
+) -> None:
+    """A misspelt engine or target is an error before anything runs, not a row
+    silently left out of the table (or measured as something else)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import idempotency_cpu
+
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            idempotency_cpu.main(argv)
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err
+    finally:
+        for name in ("idempotency_cpu", "idempotency", "idempotency_app", "_harness"):
+            sys.modules.pop(name, None)
+
+
 def test_idempotency_key_order_option(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import idempotency
@@ -420,7 +483,32 @@ def test_idempotency_key_order_option(monkeypatch: pytest.MonkeyPatch) -> None:
         with pytest.raises(SystemExit):
             idempotency.parse_args(["--key-order", "sorted"])
     finally:
-        for name in ("idempotency", "_harness"):
+        for name in ("idempotency", "idempotency_app", "_harness"):
+            sys.modules.pop(name, None)
+
+
+def test_idempotency_memory_engine_is_a_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--engines memory is asked for, never a default; it measures fresh keys
+    only and is judged against no goal (a database-free figure that said "met"
+    would read as the goal reached)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import idempotency
+
+    try:
+        assert idempotency.parse_args([]).engines == ["sqlite", "postgres"]
+        chosen = idempotency.parse_args(["--engines", "memory,sqlite"]).engines
+        assert chosen == ["sqlite", "memory"]
+        with pytest.raises(SystemExit):
+            idempotency.parse_args(["--engines", "sqlite,mysql"])
+        assert idempotency.kinds_for("memory") == ("fresh",)
+        assert idempotency.kinds_for("postgres") == ("fresh", "replay", "replay-nocache")
+        assert idempotency.goal_met("fresh", 0.95, "memory") is None
+        assert idempotency.goal_met("fresh", 0.95, "sqlite") is True
+        assert idempotency.goal_met("fresh", 0.64, "sqlite") is False
+        assert idempotency.goal_text("fresh", 0.95, "memory") == "- (no database: a reference)"
+        assert idempotency.goal_text("fresh", 0.64, "postgres") == "MISSED (>=0.8)"
+    finally:
+        for name in ("idempotency", "idempotency_app", "_harness"):
             sys.modules.pop(name, None)
 
 
