@@ -26,8 +26,9 @@ tests' in-memory key store (onceonly.store.memory: not durable, inside the
 server process): the middleware with no database at all, the most fresh keys
 could reach. It is a reference, with no goal; its rows live and die in the
 server, so they are not counted (the no-replay check still runs). That store
-keeps every record as Python objects the garbage collector walks, so its p99
-grows with the run.
+keeps every record as Python objects; the app freezes them out of the garbage
+collector's full passes (see idempotency_app.py), which a database's records
+never enter.
 
 Checks (a failed one is printed in capitals and makes the exit status 1):
 

@@ -91,7 +91,7 @@ def build(database_url: str | None, cache_bytes: int, *, stats: bool = False) ->
             return
         await store.open()  # create the tables before the first request
         # With the in-memory store and the collector left alone, p99 went from
-        # 4 ms to 39-109 ms and requests/s fell by 13-16% (wrk, 8 s runs): full
+        # 4 ms to 39-109 ms and requests/s fell by 11-14% (wrk, 8 s runs): full
         # collections walking the store's records, which a database keeps
         # out of the process.
         frozen = asyncio.create_task(_freeze_every_second()) if database_url == MEMORY else None

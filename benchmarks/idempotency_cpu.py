@@ -32,16 +32,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from _harness import pg_drop, pg_recreate
-from idempotency import BODY, cycle_request, new_tag
+from idempotency import cycle_request, new_tag
 from idempotency_app import MEMORY, build
 from onceonly import create_store
 from onceonly.asgi import ASGIApp, Message
@@ -136,16 +137,6 @@ async def _drive(app: ASGIApp, requests: int, concurrency: int, make: Any) -> tu
     return loop_us, other_us
 
 
-def _fresh(tag: str) -> Callable[[int], tuple[dict[str, str], bytes]]:
-    """Request `i` of a run of new keys named after `tag`."""
-
-    def make(i: int) -> tuple[dict[str, str], bytes]:
-        headers, _ = cycle_request(tag, 0, i)
-        return headers, BODY.format(tag=tag, i=i).encode()
-
-    return make
-
-
 async def measure(
     target: str, url: str | None, requests: int, concurrency: int
 ) -> tuple[float, float]:
@@ -164,8 +155,9 @@ async def measure(
             return await _drive(app, requests, concurrency, make)
         # The warm-up's keys are its own: measured with the same ones, the
         # first 500 "fresh" requests were replays (the figure came out low).
-        await _drive(app, min(requests, 500), concurrency, _fresh(new_tag()))  # warm-up
-        return await _drive(app, requests, concurrency, _fresh(tag))
+        warm_up = functools.partial(cycle_request, new_tag(), 0)
+        await _drive(app, min(requests, 500), concurrency, warm_up)
+        return await _drive(app, requests, concurrency, functools.partial(cycle_request, tag, 0))
     finally:
         await inbox.put({"type": "lifespan.shutdown"})
         await task
