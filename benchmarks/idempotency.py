@@ -21,6 +21,12 @@ directory) and on PostgreSQL (a fresh database, dropped and created for the run
 and dropped again at exit unless --keep-db). Each target gets its own server
 process and its own keys; the targets of one engine share its database.
 
+`--app fastapi` measures the same route written for FastAPI
+(benchmarks/idempotency_fastapi.py: the body read into a pydantic model, the
+answer returned as one), bare and wrapped, in place of the Starlette one: the
+issue that set the 0.8x goal quoted its figures against a bare FastAPI
+endpoint. Each ratio is taken against the bare endpoint of its own app.
+
 `--engines memory` (not in the default set) adds fresh keys over the unit
 tests' in-memory key store (onceonly.store.memory: not durable, inside the
 server process): the middleware with no database at all, the most fresh keys
@@ -77,6 +83,7 @@ import argparse
 import asyncio
 import hashlib
 import http.client
+import importlib.util
 import json
 import os
 import platform
@@ -115,7 +122,7 @@ from _harness import (
     wait_for_quiet,
     wrk_version,
 )
-from idempotency_app import MEMORY
+from idempotency_app import APPS, MEMORY
 
 HERE = Path(__file__).resolve().parent
 LUA_SCRIPT = HERE / "idempotency.lua"
@@ -306,6 +313,8 @@ class Settings:
     #: Fresh keys: "clustered" (numbered, each next to the last) or "random"
     #: (scattered over the key space, as UUID4 keys are).
     key_order: str = "clustered"
+    #: The framework the endpoint is written for (idempotency_app.APPS).
+    app: str = APPS[0]
 
 
 @dataclass
@@ -536,8 +545,8 @@ def sample_replays(port: int, tag: str, settings: Settings) -> list[str]:
     return problems
 
 
-def server_argv(port: int, target: str, database_url: str | None) -> list[str]:
-    argv = [sys.executable, str(APP), "--host", "127.0.0.1", "--port", str(port)]
+def server_argv(port: int, target: str, database_url: str | None, app: str = APPS[0]) -> list[str]:
+    argv = [sys.executable, str(APP), "--host", "127.0.0.1", "--port", str(port), "--app", app]
     if database_url is not None:
         argv += ["--database-url", database_url]
         if target == "replay-nocache":
@@ -614,7 +623,7 @@ def measure(
     def wrk(tag: str, duration: int) -> WrkResult:
         return run_wrk(procs, settings, port, mode=mode, tag=tag, duration=duration)
 
-    argv = server_argv(port, target, database_url)
+    argv = server_argv(port, target, database_url, settings.app)
     with server(procs, name, argv, port=port, env=env, cwd=workdir, ready=ready) as srv:
         log(f"[{name}] server pid {srv.proc.pid} on port {port}")
         warm: WrkResult | None = None
@@ -673,10 +682,14 @@ def environment(settings: Settings) -> dict[str, Any]:
         "uvloop": dist_version("uvloop"),
         "httptools": dist_version("httptools"),
         "starlette": dist_version("starlette"),
+        "app": settings.app,
         "asyncpg": dist_version("asyncpg"),
         "sqlite": sqlite3.sqlite_version,
         "wrk": wrk_version(settings.wrk),
     }
+    if settings.app == "fastapi":
+        env["fastapi"] = dist_version("fastapi")
+        env["pydantic"] = dist_version("pydantic")
     env.update(onceonly_source())
     env["onceonly_digest"] = package_digest(Path(env["onceonly_path"]))
     if "postgres" in settings.engines:
@@ -702,6 +715,13 @@ def print_table(results: Sequence[TargetResult], settings: Settings, env: dict[s
         f"uvicorn {env['uvicorn']}, uvloop {env['uvloop']}, httptools {env['httptools']}, "
         f"starlette {env['starlette']}; {env['wrk']}"
     )
+    if settings.app == "fastapi":
+        print(
+            f"endpoint: FastAPI {env['fastapi']} (pydantic {env['pydantic']}), "
+            "bare and wrapped: benchmarks/idempotency_fastapi.py"
+        )
+    else:
+        print("endpoint: Starlette, bare and wrapped: benchmarks/idempotency_app.py")
     print(
         f"onceonly from {env['onceonly_path']} (git {env['onceonly_git'] or 'n/a'}), "
         f"SQLite {env['sqlite']}, PostgreSQL {env.get('postgresql', 'n/a')}"
@@ -805,6 +825,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="comma-separated subset of sqlite,postgres,memory (memory: fresh keys with no "
         "database, a reference; not in the default)",
     )
+    parser.add_argument(
+        "--app",
+        choices=APPS,
+        default=APPS[0],
+        help="the framework the endpoint is written for, bare and wrapped alike (fastapi: "
+        "pydantic models in and out, as the issue's baseline was)",
+    )
     add_pg_admin_url(parser)
     parser.add_argument(
         "--pg-database", default="onceonly_bench_idem", help="database dropped and created"
@@ -823,6 +850,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if any(e not in ALL_ENGINES for e in engines):
         parser.error(f"--engines takes a comma-separated subset of {','.join(ALL_ENGINES)}")
     args.engines = [e for e in ALL_ENGINES if e in engines]
+    if args.app == "fastapi" and importlib.util.find_spec("fastapi") is None:
+        parser.error("--app fastapi needs FastAPI: pip install -e '.[bench]'")
     if (
         args.duration < 1
         or args.rounds < 1
@@ -919,6 +948,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         retries=args.retries,
         rounds=args.rounds,
         key_order=args.key_order,
+        app=args.app,
     )
     exit_on_signals()
 

@@ -5,6 +5,9 @@ onceonly's Idempotency-Key middleware.
 order (a fresh order id each time it really runs, so a replay is recognisable
 by its id). ``GET /healthz`` answers 200, for the readiness probe.
 
+``--app fastapi`` serves the same route written for FastAPI instead
+(benchmarks/idempotency_fastapi.py: pydantic models in and out).
+
 Without ``--database-url`` the app runs bare. With it, the app is wrapped in
 ``IdempotencyMiddleware(app, store=create_store(url), cache_bytes=...)``; the
 store is opened (and migrated) at startup and closed at shutdown.
@@ -20,6 +23,7 @@ serve``): one process, ``loop="auto"``/``http="auto"`` (uvloop and httptools
 when installed), access log off, lifespan on.
 
     python benchmarks/idempotency_app.py --port 8001 [--database-url URL] [--cache-bytes N]
+        [--app fastapi]
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ from onceonly.store.memory import MemoryStore
 
 #: The `database_url` that stands for the in-memory store.
 MEMORY = "memory://"
+#: The frameworks the endpoint is written for (--app); the first is the default.
+APPS = ("starlette", "fastapi")
 
 
 async def create_order(request: Request) -> JSONResponse:
@@ -75,7 +81,11 @@ async def _freeze_every_second() -> None:
         gc.freeze()
 
 
-def build(database_url: str | None, cache_bytes: int, *, stats: bool = False) -> ASGIApp:
+def build(
+    database_url: str | None, cache_bytes: int, *, stats: bool = False, app_kind: str = APPS[0]
+) -> ASGIApp:
+    if app_kind not in APPS:
+        raise ValueError(f"unknown app {app_kind!r}: use one of {', '.join(APPS)}")
     store: Store | None = None
     if database_url == MEMORY:
         store = MemoryStore()
@@ -112,13 +122,20 @@ def build(database_url: str | None, cache_bytes: int, *, stats: bool = False) ->
                     flush=True,
                 )
 
-    app = Starlette(
-        routes=[
-            Route("/orders", create_order, methods=["POST"]),
-            Route("/healthz", healthz, methods=["GET"]),
-        ],
-        lifespan=lifespan,
-    )
+    app: ASGIApp
+    if app_kind == "fastapi":
+        # Imported here: FastAPI is only needed when asked for.
+        from idempotency_fastapi import create_app
+
+        app = create_app(lifespan)
+    else:
+        app = Starlette(
+            routes=[
+                Route("/orders", create_order, methods=["POST"]),
+                Route("/healthz", healthz, methods=["GET"]),
+            ],
+            lifespan=lifespan,
+        )
     if store is None:
         return app
     middleware = IdempotencyMiddleware(app, store=store, cache_bytes=cache_bytes)
@@ -152,6 +169,12 @@ def main() -> None:
         help="the middleware's in-memory response cache (0: every replay reads the database)",
     )
     parser.add_argument(
+        "--app",
+        choices=APPS,
+        default=APPS[0],
+        help="the framework the endpoint is written for (fastapi: pydantic models in and out)",
+    )
+    parser.add_argument(
         "--stats", action="store_true", help="print the group commit's batch sizes at shutdown"
     )
     args = parser.parse_args()
@@ -160,7 +183,7 @@ def main() -> None:
 
     # The same keyword arguments as bare_app.py and onceonly.cli.serve.
     uvicorn.run(
-        build(args.database_url, args.cache_bytes, stats=args.stats),
+        build(args.database_url, args.cache_bytes, stats=args.stats, app_kind=args.app),
         host=args.host,
         port=args.port,
         log_level=args.log_level,

@@ -16,6 +16,10 @@ load, so it shows what a code change saved. HTTP parsing (uvicorn/httptools)
 is not included: it costs the same with and without the middleware.
 
     python benchmarks/idempotency_cpu.py [--requests 4000] [--engines sqlite,postgres,memory]
+        [--app fastapi]
+
+``--app fastapi`` drives the same route written for FastAPI
+(benchmarks/idempotency_fastapi.py), bare and wrapped.
 
 With ``--batches N`` it measures the key store alone instead: N batches of 16
 completions and 16 new claims, each handed to the store's ``apply`` as group
@@ -33,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import importlib.util
 import sys
 import tempfile
 import time
@@ -43,7 +48,7 @@ from typing import Any
 
 from _harness import pg_drop, pg_recreate
 from idempotency import cycle_request, new_tag
-from idempotency_app import MEMORY, build
+from idempotency_app import APPS, MEMORY, build
 from onceonly import create_store
 from onceonly.asgi import ASGIApp, Message
 
@@ -138,9 +143,9 @@ async def _drive(app: ASGIApp, requests: int, concurrency: int, make: Any) -> tu
 
 
 async def measure(
-    target: str, url: str | None, requests: int, concurrency: int
+    target: str, url: str | None, requests: int, concurrency: int, app_kind: str = APPS[0]
 ) -> tuple[float, float]:
-    app = build(url, 0 if target == "replay-nocache" else 32 * 1024 * 1024)
+    app = build(url, 0 if target == "replay-nocache" else 32 * 1024 * 1024, app_kind=app_kind)
     task, inbox = await _lifespan(app)
     tag = new_tag()
     keys = 500
@@ -212,7 +217,7 @@ async def measure_batches(url: str, batches: int, key_order: str = "random") -> 
     return loop_s / batches, process_s / batches
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument(
         "--requests", type=int, default=4000, help="measured requests per target (default 4000)"
@@ -229,6 +234,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--targets",
         default=",".join(TARGETS),
         help="comma-separated: fresh, replay, replay-nocache (default all)",
+    )
+    parser.add_argument(
+        "--app",
+        choices=APPS,
+        default=APPS[0],
+        help="the framework the endpoint is written for, bare and wrapped alike",
     )
     parser.add_argument(
         "--pg-admin-url",
@@ -260,6 +271,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unknown {kind} {', '.join(unknown)}: use {', '.join(known)}")
     if args.batches and "memory" in engines:
         parser.error("--batches measures a database's key store: sqlite or postgres")
+    if args.batches and args.app != APPS[0]:
+        parser.error("--batches measures the key store alone, with no app: drop --app")
+    if args.app == "fastapi" and importlib.util.find_spec("fastapi") is None:
+        parser.error("--app fastapi needs FastAPI: pip install -e '.[bench]'")
+    args.engines, args.targets = engines, targets
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    engines, targets = args.engines, args.targets
     try:
         import uvloop
 
@@ -295,7 +317,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     bare = 0.0
     try:
         for target, engine, url in rows:
-            loop_us, other_us = asyncio.run(measure(target, url, args.requests, args.concurrency))
+            loop_us, other_us = asyncio.run(
+                measure(target, url, args.requests, args.concurrency, args.app)
+            )
             bare = bare or loop_us
             print(
                 f"{target:<16}{engine:<10}{loop_us:>9.0f}{other_us:>10.0f}{loop_us / bare:>13.2f}x",
