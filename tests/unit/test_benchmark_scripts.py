@@ -474,64 +474,6 @@ def test_idempotency_cpu_refuses_what_it_cannot_measure(
             sys.modules.pop(name, None)
 
 
-def test_the_fastapi_endpoint_does_the_starlette_endpoints_work(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """--app fastapi measures the same work written for FastAPI: the same request
-    gets a 201 with the same fields from both apps; wrapped in the middleware,
-    the FastAPI app stores its answer and replays it to a repeat."""
-    import asyncio
-
-    import httpx
-
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import idempotency
-    import idempotency_app
-    import idempotency_cpu
-
-    headers, body = idempotency.cycle_request("t", 0, 7)
-
-    async def post_twice(app_kind: str, database_url: str | None) -> list[httpx.Response]:
-        app = idempotency_app.build(database_url, 1 << 20, app_kind=app_kind)
-        task, inbox = await idempotency_cpu._lifespan(app)
-        try:
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
-                return [
-                    await client.post("/orders", headers=headers, content=body) for _ in range(2)
-                ]
-        finally:
-            await inbox.put({"type": "lifespan.shutdown"})
-            await task
-
-    try:
-        bare = {kind: asyncio.run(post_twice(kind, None)) for kind in idempotency_app.APPS}
-        for kind, answers in bare.items():
-            assert [a.status_code for a in answers] == [201, 201], kind
-            assert answers[0].json()["id"] != answers[1].json()["id"], kind  # no middleware
-        starlette, fastapi = (bare[kind][0].json() for kind in idempotency_app.APPS)
-        assert {k: v for k, v in fastapi.items() if k not in ("id", "created")} == {
-            k: v for k, v in starlette.items() if k not in ("id", "created")
-        }
-        assert fastapi["amount"] == 3 * 1250
-        assert fastapi["customer"] == "cus_t7"
-        first, again = asyncio.run(post_twice("fastapi", "memory://"))
-        assert (first.status_code, again.status_code) == (201, 201)
-        assert again.headers["idempotent-replayed"] == "true"
-        assert again.content == first.content
-        with pytest.raises(ValueError, match="unknown app 'flask'"):
-            idempotency_app.build(None, 0, app_kind="flask")
-        assert idempotency.parse_args([]).app == "starlette"
-        assert idempotency.parse_args(["--app", "fastapi"]).app == "fastapi"
-        assert idempotency.server_argv(1, "fresh", None, "fastapi")[-2:] == ["--app", "fastapi"]
-        with pytest.raises(SystemExit):
-            idempotency.parse_args(["--app", "django"])
-    finally:
-        for name in ("idempotency_cpu", "idempotency", "idempotency_app", "idempotency_fastapi"):
-            sys.modules.pop(name, None)
-        sys.modules.pop("_harness", None)
-
-
 def test_idempotency_key_order_option(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import idempotency
