@@ -204,6 +204,7 @@ class TcpProxy:
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._handlers: set[asyncio.Task[Any]] = set()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
 
@@ -221,14 +222,20 @@ class TcpProxy:
             writer.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handler = asyncio.current_task()
+        assert handler is not None
+        self._handlers.add(handler)
         try:
-            up_reader, up_writer = await asyncio.open_connection(*self.target)
-        except OSError:
-            writer.close()
-            return
-        self._writers |= {writer, up_writer}
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
-        self._writers -= {writer, up_writer}
+            try:
+                up_reader, up_writer = await asyncio.open_connection(*self.target)
+            except OSError:
+                writer.close()
+                return
+            self._writers |= {writer, up_writer}
+            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+            self._writers -= {writer, up_writer}
+        finally:
+            self._handlers.discard(handler)
 
     async def _start(self) -> None:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
@@ -248,10 +255,22 @@ class TcpProxy:
     def cut(self) -> None:
         self._call(self._stop())
 
+    async def _finish(self) -> None:
+        """Cut, then end the connections' handlers: a loop stopped with them
+        still pending prints "Task was destroyed but it is pending!" when it
+        is collected, in the middle of some later test's output."""
+        await self._stop()
+        handlers = list(self._handlers)
+        for handler in handlers:
+            handler.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+
     def close(self) -> None:
-        self.cut()
+        self._call(self._finish())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        if not self._thread.is_alive():
+            self._loop.close()
 
 
 class Server:
