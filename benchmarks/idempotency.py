@@ -83,7 +83,6 @@ import argparse
 import asyncio
 import hashlib
 import http.client
-import importlib.util
 import json
 import os
 import platform
@@ -122,7 +121,7 @@ from _harness import (
     wait_for_quiet,
     wrk_version,
 )
-from idempotency_app import APPS, MEMORY
+from idempotency_app import APPS, MEMORY, add_app_option
 
 HERE = Path(__file__).resolve().parent
 LUA_SCRIPT = HERE / "idempotency.lua"
@@ -825,13 +824,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="comma-separated subset of sqlite,postgres,memory (memory: fresh keys with no "
         "database, a reference; not in the default)",
     )
-    parser.add_argument(
-        "--app",
-        choices=APPS,
-        default=APPS[0],
-        help="the framework the endpoint is written for, bare and wrapped alike (fastapi: "
-        "pydantic models in and out, as the issue's baseline was)",
-    )
+    add_app_option(parser)
     add_pg_admin_url(parser)
     parser.add_argument(
         "--pg-database", default="onceonly_bench_idem", help="database dropped and created"
@@ -850,8 +843,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if any(e not in ALL_ENGINES for e in engines):
         parser.error(f"--engines takes a comma-separated subset of {','.join(ALL_ENGINES)}")
     args.engines = [e for e in ALL_ENGINES if e in engines]
-    if args.app == "fastapi" and importlib.util.find_spec("fastapi") is None:
-        parser.error("--app fastapi needs FastAPI: pip install -e '.[bench]'")
     if (
         args.duration < 1
         or args.rounds < 1

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import importlib.util
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -51,6 +52,26 @@ from onceonly.store.memory import MemoryStore
 MEMORY = "memory://"
 #: The frameworks the endpoint is written for (--app); the first is the default.
 APPS = ("starlette", "fastapi")
+
+
+def _installed_app(name: str) -> str:
+    """--app's value, refused (a usage error) when its framework is missing."""
+    if name == "fastapi" and importlib.util.find_spec("fastapi") is None:
+        raise argparse.ArgumentTypeError("fastapi needs FastAPI: pip install -e '.[bench]'")
+    return name
+
+
+def add_app_option(parser: argparse.ArgumentParser) -> None:
+    """--app, as this app and the scripts that drive it (idempotency.py,
+    idempotency_cpu.py) take it."""
+    parser.add_argument(
+        "--app",
+        type=_installed_app,
+        choices=APPS,
+        default=APPS[0],
+        help="the framework the endpoint is written for, bare and wrapped alike (fastapi: "
+        "benchmarks/idempotency_fastapi.py, pydantic models in and out)",
+    )
 
 
 async def create_order(request: Request) -> JSONResponse:
@@ -168,12 +189,7 @@ def main() -> None:
         default=32 * 1024 * 1024,
         help="the middleware's in-memory response cache (0: every replay reads the database)",
     )
-    parser.add_argument(
-        "--app",
-        choices=APPS,
-        default=APPS[0],
-        help="the framework the endpoint is written for (fastapi: pydantic models in and out)",
-    )
+    add_app_option(parser)
     parser.add_argument(
         "--stats", action="store_true", help="print the group commit's batch sizes at shutdown"
     )

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import importlib.util
 import sys
 import tempfile
 import time
@@ -48,7 +47,7 @@ from typing import Any
 
 from _harness import pg_drop, pg_recreate
 from idempotency import cycle_request, new_tag
-from idempotency_app import APPS, MEMORY, build
+from idempotency_app import APPS, MEMORY, add_app_option, build
 from onceonly import create_store
 from onceonly.asgi import ASGIApp, Message
 
@@ -235,12 +234,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=",".join(TARGETS),
         help="comma-separated: fresh, replay, replay-nocache (default all)",
     )
-    parser.add_argument(
-        "--app",
-        choices=APPS,
-        default=APPS[0],
-        help="the framework the endpoint is written for, bare and wrapped alike",
-    )
+    add_app_option(parser)
     parser.add_argument(
         "--pg-admin-url",
         default="postgresql://postgres@127.0.0.1:5432/test",
@@ -273,8 +267,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--batches measures a database's key store: sqlite or postgres")
     if args.batches and args.app != APPS[0]:
         parser.error("--batches measures the key store alone, with no app: drop --app")
-    if args.app == "fastapi" and importlib.util.find_spec("fastapi") is None:
-        parser.error("--app fastapi needs FastAPI: pip install -e '.[bench]'")
     args.engines, args.targets = engines, targets
     return args
 
