@@ -49,8 +49,15 @@ Checks (a failed one is printed in capitals and makes the exit status 1):
   true` (counted by wrk's response()); no row was added by the measurement; and
   a sample of keys, asked again from Python afterwards, replays the same order.
 
-The table also shows the server process's CPU use during the measurement (% of
-one core: near 100% means the event loop is the limit) and the CPU used by
+The table also shows, for the wrapped targets, the middleware's group commit
+during the measurement (read from the server before and after it, see
+idempotency_app.py --stats): the records per batch ("batch": a claim and a
+completion per fresh request, so at most 32 at 32 connections) and the share of
+the time a batch was in flight ("busy"; one at a time). Half-full batches with
+a busy group commit mean that requests wait for round trips rather than for
+the event loop. It also shows the server process's CPU use during the
+measurement (% of one core: near 100% means the event loop is the limit) and
+the CPU used by
 anything outside the benchmark (% of the machine; above 10% a warning says the
 figures are unreliable). Before each target the script waits (--wait-quiet) for
 the machine to be nearly idle, and a target measured under such foreign load is
@@ -121,7 +128,7 @@ from _harness import (
     wait_for_quiet,
     wrk_version,
 )
-from idempotency_app import APPS, MEMORY, add_app_option
+from idempotency_app import APPS, MEMORY, STATS_PATH, add_app_option
 
 HERE = Path(__file__).resolve().parent
 LUA_SCRIPT = HERE / "idempotency.lua"
@@ -347,6 +354,66 @@ def check_fresh_rows(phase: str, count: RowCount, run: WrkResult, connections: i
 
 
 @dataclass
+class GroupCommitUse:
+    """The group commit's counters over one measurement (idempotency_app.py
+    --stats): a claim and a completion per fresh request, so at 32
+    connections a batch carries at most 32 records."""
+
+    batches: int
+    records: int
+    seconds_in_flight: float
+    measured_s: float
+
+    @property
+    def records_per_batch(self) -> float:
+        return self.records / self.batches if self.batches else 0.0
+
+    @property
+    def ms_per_batch(self) -> float:
+        return self.seconds_in_flight / self.batches * 1000 if self.batches else 0.0
+
+    @property
+    def busy_pct(self) -> float:
+        """How much of the measurement a batch was in flight (one at a time)."""
+        return 100 * self.seconds_in_flight / self.measured_s if self.measured_s else 0.0
+
+    def describe(self) -> str:
+        if not self.batches:
+            return "group commit during the measurement: no batch (no request reached the database)"
+        return (
+            f"group commit during the measurement: {self.batches} batches of "
+            f"{self.records_per_batch:.1f} records, {self.ms_per_batch:.2f} ms in flight each, "
+            f"a batch in flight {self.busy_pct:.0f}% of the time"
+        )
+
+
+def group_commit_counters(port: int) -> dict[str, float]:
+    """The wrapped server's group commit counters so far (GET STATS_PATH)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", STATS_PATH)
+        response = conn.getresponse()
+        body = response.read()
+    finally:
+        conn.close()
+    if response.status != 200:
+        raise BenchmarkError(f"GET {STATS_PATH}: {response.status} {body[:200]!r}")
+    data = json.loads(body)
+    return {name: float(data[name]) for name in ("batches", "items", "flush_seconds")}
+
+
+def group_commit_use(
+    before: dict[str, float], after: dict[str, float], measured_s: float
+) -> GroupCommitUse:
+    return GroupCommitUse(
+        batches=int(after["batches"] - before["batches"]),
+        records=int(after["items"] - before["items"]),
+        seconds_in_flight=round(after["flush_seconds"] - before["flush_seconds"], 4),
+        measured_s=measured_s,
+    )
+
+
+@dataclass
 class TargetResult:
     target: str
     engine: str
@@ -365,6 +432,9 @@ class TargetResult:
     other_cpu_pct: float
     ratio_vs_bare: float | None = None
     round: int = 1
+    #: The middleware's group commit during the measurement (wrapped targets):
+    #: what it carried and how long its batches were in flight.
+    group_commit: GroupCommitUse | None = None
     row_checks: list[RowCheck] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -388,6 +458,14 @@ class TargetResult:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["row_checks"] = [{**asdict(c), "ok": c.ok} for c in self.row_checks]
+        if self.group_commit is not None:
+            used = self.group_commit
+            data["group_commit"] = {
+                **asdict(used),
+                "records_per_batch": round(used.records_per_batch, 2),
+                "ms_per_batch": round(used.ms_per_batch, 3),
+                "busy_pct": round(used.busy_pct, 1),
+            }
         data["ok"] = self.ok
         data["goal_ratio"] = self.goal()
         data["goal_met"] = self.goal_met()
@@ -547,7 +625,9 @@ def sample_replays(port: int, tag: str, settings: Settings) -> list[str]:
 def server_argv(port: int, target: str, database_url: str | None, app: str = APPS[0]) -> list[str]:
     argv = [sys.executable, str(APP), "--host", "127.0.0.1", "--port", str(port), "--app", app]
     if database_url is not None:
-        argv += ["--database-url", database_url]
+        # --stats: the group commit's counters at GET STATS_PATH (a GET, which
+        # the middleware passes through: no cost to the measured requests).
+        argv += ["--database-url", database_url, "--stats"]
         if target == "replay-nocache":
             argv += ["--cache-bytes", "0"]
     return argv
@@ -635,11 +715,18 @@ def measure(
                 name, database_url, run_tag, expected, warm, lambda: wrk(warm_tag, 1)
             )
         log(f"[{name}] measuring {settings.duration} s")
+        counters = group_commit_counters(port) if database_url is not None else None
         meter = CpuMeter(srv.proc.pid)
         run = wrk(run_tag, settings.duration)
         cpu = meter.stop()
         if srv.proc.poll() is not None:
             raise BenchmarkError(f"{name} server died during the run:\n{srv.log_tail()}")
+        # Read before the sampled replays, whose requests are not measured.
+        used = (
+            group_commit_use(counters, group_commit_counters(port), run.duration_s)
+            if counters is not None
+            else None
+        )
         sampled = sample_replays(port, run_tag, settings) if cycle else []
     # The server has shut down gracefully: every request it took is stored.
 
@@ -647,6 +734,9 @@ def measure(
     result.problems += problems + sampled
     if database_url is None:
         return result
+    if used is not None:
+        result.group_commit = used
+        result.notes.append(used.describe())
     if cycle:
         result.notes.append(
             f"sampled {SAMPLES} keys twice each from Python: "
@@ -727,20 +817,26 @@ def print_table(results: Sequence[TargetResult], settings: Settings, env: dict[s
     )
     header = (
         f"{'round':<6}{'target':<16}{'engine':<10}{'req/s':>9}{'p50 ms':>8}{'p99 ms':>8}"
-        f"{'non-2xx':>8}{'vs bare':>8}{'srv CPU':>8}{'other':>7}  {'checks':<7}"
+        f"{'non-2xx':>8}{'vs bare':>8}{'srv CPU':>8}{'other':>7}{'batch':>7}{'busy':>6}"
+        f"  {'checks':<7}"
     )
     print(header)
     print("-" * len(header))
     for r in results:
         ratio = f"{r.ratio_vs_bare:.2f}x" if r.ratio_vs_bare is not None else "-"
+        used = r.group_commit
+        batch = f"{used.records_per_batch:.1f}" if used and used.batches else "-"
+        busy = f"{used.busy_pct:.0f}%" if used else "-"
         print(
             f"{r.round:<6}{r.target:<16}{r.engine:<10}{r.requests_per_s:>9,.0f}{r.p50_ms:>8.2f}"
             f"{r.p99_ms:>8.2f}{r.non_2xx:>8}{ratio:>8}{r.server_cpu_pct:>7.0f}%"
-            f"{r.other_cpu_pct:>6.0f}%  {'OK' if r.ok else 'FAILED':<7}"
+            f"{r.other_cpu_pct:>6.0f}%{batch:>7}{busy:>6}  {'OK' if r.ok else 'FAILED':<7}"
         )
     print(
         "srv CPU: server process, % of one core; other: CPU used outside the benchmark, "
-        "% of the machine; vs bare: against the bare endpoint of the same round"
+        "% of the machine; vs bare: against the bare endpoint of the same round; "
+        "batch: records per group-commit batch (a claim and a completion per fresh "
+        "request); busy: share of the measurement with a batch in flight"
     )
     rounds = max((r.round for r in results), default=1)
     print(f"\nover {rounds} round(s): median ratio to the bare endpoint, and each round's")

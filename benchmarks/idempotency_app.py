@@ -3,7 +3,9 @@ onceonly's Idempotency-Key middleware.
 
 ``POST /orders`` reads the JSON body and answers 201 with a ~200-byte JSON
 order (a fresh order id each time it really runs, so a replay is recognisable
-by its id). ``GET /healthz`` answers 200, for the readiness probe.
+by its id). ``GET /healthz`` answers 200, for the readiness probe. With
+``--stats``, ``GET /_group-commit`` answers the middleware's group commit
+counters (batches, records, seconds in flight) as JSON.
 
 ``--app fastapi`` serves the same route written for FastAPI instead
 (benchmarks/idempotency_fastapi.py: pydantic models in and out).
@@ -52,6 +54,10 @@ from onceonly.store.memory import MemoryStore
 MEMORY = "memory://"
 #: The frameworks the endpoint is written for (--app); the first is the default.
 APPS = ("starlette", "fastapi")
+#: With --stats: the group commit's counters so far, as JSON (batches, the
+#: records they carried, and the seconds a batch was in flight), for
+#: benchmarks/idempotency.py to read before and after a measurement.
+STATS_PATH = "/_group-commit"
 
 
 def _installed_app(name: str) -> str:
@@ -143,20 +149,35 @@ def build(
                     flush=True,
                 )
 
+    async def group_commit(request: Request) -> JSONResponse:
+        # GET: the middleware lets it through untouched (it covers POST and
+        # PATCH), so the endpoint's requests pay nothing for this route.
+        commits = middleware.records if middleware is not None else None
+        return JSONResponse(
+            {
+                "batches": commits.batches if commits else 0,
+                "items": commits.items if commits else 0,
+                "flush_seconds": flush_seconds[0],
+            }
+        )
+
     app: ASGIApp
     if app_kind == "fastapi":
         # Imported here: FastAPI is only needed when asked for.
         from idempotency_fastapi import create_app
 
-        app = create_app(lifespan)
+        fastapi_app = create_app(lifespan)
+        if stats:
+            fastapi_app.add_route(STATS_PATH, group_commit, methods=["GET"])
+        app = fastapi_app
     else:
-        app = Starlette(
-            routes=[
-                Route("/orders", create_order, methods=["POST"]),
-                Route("/healthz", healthz, methods=["GET"]),
-            ],
-            lifespan=lifespan,
-        )
+        routes = [
+            Route("/orders", create_order, methods=["POST"]),
+            Route("/healthz", healthz, methods=["GET"]),
+        ]
+        if stats:
+            routes.append(Route(STATS_PATH, group_commit, methods=["GET"]))
+        app = Starlette(routes=routes, lifespan=lifespan)
     if store is None:
         return app
     middleware = IdempotencyMiddleware(app, store=store, cache_bytes=cache_bytes)
@@ -191,7 +212,10 @@ def main() -> None:
     )
     add_app_option(parser)
     parser.add_argument(
-        "--stats", action="store_true", help="print the group commit's batch sizes at shutdown"
+        "--stats",
+        action="store_true",
+        help=f"print the group commit's batch sizes at shutdown, and serve its counters"
+        f" at GET {STATS_PATH}",
     )
     args = parser.parse_args()
 

@@ -68,3 +68,39 @@ def test_the_fastapi_endpoint_does_the_starlette_endpoints_work(
         for name in ("idempotency_cpu", "idempotency", "idempotency_app", "idempotency_fastapi"):
             sys.modules.pop(name, None)
         sys.modules.pop("_harness", None)
+
+
+def test_the_fastapi_app_serves_the_group_commit_counters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With --stats, the FastAPI app answers GET /_group-commit as the Starlette
+    one does (benchmarks/idempotency.py reads it around each measurement)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import idempotency
+    import idempotency_app
+    import idempotency_cpu
+
+    headers, body = idempotency.cycle_request("gcf", 0, 1)
+
+    async def counters() -> dict[str, float]:
+        app = idempotency_app.build("memory://", 1 << 20, stats=True, app_kind="fastapi")
+        task, inbox = await idempotency_cpu._lifespan(app)
+        try:
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
+                assert (await client.post("/orders", headers=headers, content=body)).is_success
+                answer = await client.get(idempotency_app.STATS_PATH)
+                assert answer.status_code == 200
+                data: dict[str, float] = answer.json()
+                return data
+        finally:
+            await inbox.put({"type": "lifespan.shutdown"})
+            await task
+
+    try:
+        data = asyncio.run(counters())
+        assert (data["batches"], data["items"]) == (2, 2)  # its claim, its completion
+    finally:
+        for name in ("idempotency_cpu", "idempotency", "idempotency_app", "idempotency_fastapi"):
+            sys.modules.pop(name, None)
+        sys.modules.pop("_harness", None)

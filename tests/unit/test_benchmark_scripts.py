@@ -513,6 +513,71 @@ def test_idempotency_memory_engine_is_a_reference(monkeypatch: pytest.MonkeyPatc
             sys.modules.pop(name, None)
 
 
+def test_idempotency_reads_the_group_commit_around_the_measurement(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Wrapped servers run with --stats, and GET /_group-commit gives the counters
+    the table's batch and busy columns come from: a claim and a completion per
+    fresh request; a replay from the cache adds nothing. Without --stats the
+    route does not exist, so the endpoint measured is the same as before."""
+    import asyncio
+
+    import httpx
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import idempotency
+    import idempotency_app
+    import idempotency_cpu
+
+    async def counters_after(stats: bool, keys: list[int]) -> list[httpx.Response]:
+        app = idempotency_app.build("memory://", 1 << 20, stats=stats)
+        task, inbox = await idempotency_cpu._lifespan(app)
+        try:
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
+                seen = [await client.get(idempotency_app.STATS_PATH)]
+                for i in keys:
+                    headers, body = idempotency.cycle_request("gc", 0, i)
+                    answer = await client.post("/orders", headers=headers, content=body)
+                    assert answer.status_code == 201
+                seen.append(await client.get(idempotency_app.STATS_PATH))
+                return seen
+        finally:
+            await inbox.put({"type": "lifespan.shutdown"})
+            await task
+
+    try:
+        before, after = asyncio.run(counters_after(True, [1, 2, 3, 1, 1]))
+        assert before.json() == {"batches": 0, "items": 0, "flush_seconds": 0.0}
+        counts = after.json()
+        # Three fresh keys, one after the other: a claim and a completion each,
+        # each alone in its batch. The first repeat of key 1 reads its record
+        # (one claim that finds it done), and caches it; the next is served
+        # from the cache.
+        assert (counts["batches"], counts["items"]) == (7, 7)
+        assert counts["flush_seconds"] > 0
+        missing, _ = asyncio.run(counters_after(False, []))
+        assert missing.status_code == 404
+
+        used = idempotency.group_commit_use(
+            {"batches": 10, "items": 100, "flush_seconds": 1.0},
+            {"batches": 110, "items": 3_300, "flush_seconds": 1.5},
+            measured_s=2.0,
+        )
+        assert (used.batches, used.records) == (100, 3_200)
+        assert used.records_per_batch == 32.0
+        assert used.ms_per_batch == pytest.approx(5.0)
+        assert used.busy_pct == pytest.approx(25.0)
+        assert "100 batches of 32.0 records, 5.00 ms in flight each" in used.describe()
+        idle = idempotency.GroupCommitUse(0, 0, 0.0, 2.0)
+        assert "no batch" in idle.describe()
+        assert "--stats" in idempotency.server_argv(1, "fresh", "sqlite:///x.db")
+        assert "--stats" not in idempotency.server_argv(1, "bare", None)
+    finally:
+        for name in ("idempotency_cpu", "idempotency", "idempotency_app", "_harness"):
+            sys.modules.pop(name, None)
+
+
 def test_benchmark_ports_come_from_a_range_the_kernel_never_hands_out(
     scripts: dict[str, ModuleType],
 ) -> None:
