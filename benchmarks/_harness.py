@@ -405,6 +405,11 @@ def run_wrk(
     return fields, per_thread
 
 
+def per_request(cpu_s: float, requests: int) -> float | None:
+    """CPU seconds spread over the requests answered, in microseconds."""
+    return round(cpu_s * 1e6 / requests, 1) if requests else None
+
+
 def foreign_load_warning(other_pct: float) -> str | None:
     if other_pct <= BUSY_WARNING_PCT:
         return None

@@ -56,12 +56,21 @@ completion per fresh request, so at most 32 at 32 connections) and the share of
 the time a batch was in flight ("busy"; one at a time). Half-full batches with
 a busy group commit mean that requests wait for round trips rather than for
 the event loop. It also shows the server process's CPU use during the
-measurement (% of one core: near 100% means the event loop is the limit) and
-the CPU used by
+measurement (% of one core: near 100% means the event loop is the limit), its
+CPU per request answered ("µs/req", all its threads), and the CPU used by
 anything outside the benchmark (% of the machine; above 10% a warning says the
 figures are unreliable). Before each target the script waits (--wait-quiet) for
 the machine to be nearly idle, and a target measured under such foreign load is
 measured again, up to --retries times.
+
+Under the medians, a table splits each round's fresh-key figure into CPU and
+waiting. At the goal's rate (0.8x the bare endpoint's requests/s in that
+round) the server's one core has 1 / rate seconds per request; the bare
+endpoint used part of that, and the rest is what the middleware may add
+("allowed"). "added" is what it did add, "core busy" how much of the time the
+server's core was working (PostgreSQL's CPU per request beside it). A target
+over its allowance misses on CPU whatever else happens; one within it that
+still misses lost its time waiting, with its core idle part of the time.
 
 Rounds (--rounds, default 3): the whole sequence of targets is measured that
 many times, one round after the other, and each target's ratio is taken
@@ -109,6 +118,7 @@ from _harness import (
     BUSY_WARNING_PCT,
     BenchmarkError,
     CpuMeter,
+    CpuUse,
     Processes,
     Workspace,
     add_pg_admin_url,
@@ -123,6 +133,7 @@ from _harness import (
     log,
     onceonly_source,
     parser_for,
+    per_request,
     pg_version,
     server,
     wait_for_quiet,
@@ -386,6 +397,14 @@ class GroupCommitUse:
             f"a batch in flight {self.busy_pct:.0f}% of the time"
         )
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "records_per_batch": round(self.records_per_batch, 2),
+            "ms_per_batch": round(self.ms_per_batch, 3),
+            "busy_pct": round(self.busy_pct, 1),
+        }
+
 
 def group_commit_counters(port: int) -> dict[str, float]:
     """The wrapped server's group commit counters so far (GET STATS_PATH)."""
@@ -414,6 +433,73 @@ def group_commit_use(
 
 
 @dataclass
+class CpuBudget:
+    """A fresh-key target's CPU per request against what its goal leaves.
+
+    The server is one process, and its event loop runs every request: at the
+    goal's rate (`goal` times the bare endpoint's requests/s in the same
+    round) its core has ``1 / rate`` seconds per request. The bare endpoint
+    used `bare_us` of that; the rest, `allowance_us`, is all the middleware
+    may add. `added_us` is what it did add. A target within its allowance
+    that still misses the goal lost its time waiting (its core was not busy
+    throughout: `server_busy_pct`), not to CPU."""
+
+    goal: float
+    bare_requests_per_s: float
+    bare_us: float
+    used_us: float
+    server_busy_pct: float
+    db_us: float | None = None
+
+    @property
+    def goal_us(self) -> float:
+        return 1e6 / (self.goal * self.bare_requests_per_s)
+
+    @property
+    def allowance_us(self) -> float:
+        return self.goal_us - self.bare_us
+
+    @property
+    def added_us(self) -> float:
+        return self.used_us - self.bare_us
+
+    @property
+    def fits(self) -> bool:
+        return self.added_us <= self.allowance_us
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "goal_us": round(self.goal_us, 1),
+            "allowance_us": round(self.allowance_us, 1),
+            "added_us": round(self.added_us, 1),
+            "fits": self.fits,
+        }
+
+
+def cpu_budget(result: TargetResult, bare: TargetResult) -> CpuBudget | None:
+    """`result`'s budget against the bare endpoint of its round: fresh keys,
+    the in-memory reference too (the middleware's share with no database),
+    held to the goal of the databases."""
+    if (
+        result.target != "fresh"
+        or result.engine == "-"
+        or result.cpu_us_per_request is None
+        or bare.cpu_us_per_request is None
+        or not bare.requests_per_s
+    ):
+        return None
+    return CpuBudget(
+        goal=GOAL_FRESH_RATIO,
+        bare_requests_per_s=bare.requests_per_s,
+        bare_us=bare.cpu_us_per_request,
+        used_us=result.cpu_us_per_request,
+        server_busy_pct=result.server_cpu_pct,
+        db_us=result.db_us_per_request,
+    )
+
+
+@dataclass
 class TargetResult:
     target: str
     engine: str
@@ -430,8 +516,14 @@ class TargetResult:
     warmup_requests_per_s: float
     server_cpu_pct: float
     other_cpu_pct: float
+    #: CPU per request answered, µs: the server's process (all its threads),
+    #: and PostgreSQL's processes (postgres targets only).
+    cpu_us_per_request: float | None = None
+    db_us_per_request: float | None = None
     ratio_vs_bare: float | None = None
     round: int = 1
+    #: Fresh keys: the server's CPU per request against what the goal leaves it.
+    cpu_budget: CpuBudget | None = None
     #: The middleware's group commit during the measurement (wrapped targets):
     #: what it carried and how long its batches were in flight.
     group_commit: GroupCommitUse | None = None
@@ -458,14 +550,10 @@ class TargetResult:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["row_checks"] = [{**asdict(c), "ok": c.ok} for c in self.row_checks]
-        if self.group_commit is not None:
-            used = self.group_commit
-            data["group_commit"] = {
-                **asdict(used),
-                "records_per_batch": round(used.records_per_batch, 2),
-                "ms_per_batch": round(used.ms_per_batch, 3),
-                "busy_pct": round(used.busy_pct, 1),
-            }
+        for name in ("cpu_budget", "group_commit"):
+            part: CpuBudget | GroupCommitUse | None = getattr(self, name)
+            if part is not None:
+                data[name] = part.to_dict()
         data["ok"] = self.ok
         data["goal_ratio"] = self.goal()
         data["goal_met"] = self.goal_met()
@@ -545,8 +633,7 @@ def result_from(
     engine: str,
     run: WrkResult,
     warm: WrkResult | None,
-    cpu_server: float,
-    cpu_other: float,
+    cpu: CpuUse,
 ) -> TargetResult:
     result = TargetResult(
         target=target,
@@ -562,10 +649,14 @@ def result_from(
         socket_errors=sum(run.socket_errors.values()),
         replayed=run.replayed,
         warmup_requests_per_s=round(warm.rps, 1) if warm else 0.0,
-        server_cpu_pct=cpu_server,
-        other_cpu_pct=cpu_other,
+        server_cpu_pct=cpu.server_pct,
+        other_cpu_pct=cpu.other_pct,
+        cpu_us_per_request=per_request(cpu.server_cpu_s, run.requests),
+        db_us_per_request=(
+            per_request(cpu.postgres_cpu_s, run.requests) if engine == "postgres" else None
+        ),
     )
-    if warning := foreign_load_warning(cpu_other):
+    if warning := foreign_load_warning(cpu.other_pct):
         result.warnings.append(warning)
     for phase, phase_run in (("warm-up", warm), ("measured", run)):
         if phase_run is None:
@@ -730,7 +821,7 @@ def measure(
         sampled = sample_replays(port, run_tag, settings) if cycle else []
     # The server has shut down gracefully: every request it took is stored.
 
-    result = result_from(target, engine, run, warm, cpu.server_pct, cpu.other_pct)
+    result = result_from(target, engine, run, warm, cpu)
     result.problems += problems + sampled
     if database_url is None:
         return result
@@ -817,8 +908,8 @@ def print_table(results: Sequence[TargetResult], settings: Settings, env: dict[s
     )
     header = (
         f"{'round':<6}{'target':<16}{'engine':<10}{'req/s':>9}{'p50 ms':>8}{'p99 ms':>8}"
-        f"{'non-2xx':>8}{'vs bare':>8}{'srv CPU':>8}{'other':>7}{'batch':>7}{'busy':>6}"
-        f"  {'checks':<7}"
+        f"{'non-2xx':>8}{'vs bare':>8}{'srv CPU':>8}{'µs/req':>8}{'other':>7}{'batch':>7}"
+        f"{'busy':>6}  {'checks':<7}"
     )
     print(header)
     print("-" * len(header))
@@ -827,14 +918,16 @@ def print_table(results: Sequence[TargetResult], settings: Settings, env: dict[s
         used = r.group_commit
         batch = f"{used.records_per_batch:.1f}" if used and used.batches else "-"
         busy = f"{used.busy_pct:.0f}%" if used else "-"
+        per_req = f"{r.cpu_us_per_request:.0f}" if r.cpu_us_per_request is not None else "-"
         print(
             f"{r.round:<6}{r.target:<16}{r.engine:<10}{r.requests_per_s:>9,.0f}{r.p50_ms:>8.2f}"
-            f"{r.p99_ms:>8.2f}{r.non_2xx:>8}{ratio:>8}{r.server_cpu_pct:>7.0f}%"
+            f"{r.p99_ms:>8.2f}{r.non_2xx:>8}{ratio:>8}{r.server_cpu_pct:>7.0f}%{per_req:>8}"
             f"{r.other_cpu_pct:>6.0f}%{batch:>7}{busy:>6}  {'OK' if r.ok else 'FAILED':<7}"
         )
     print(
-        "srv CPU: server process, % of one core; other: CPU used outside the benchmark, "
-        "% of the machine; vs bare: against the bare endpoint of the same round; "
+        "srv CPU: server process, % of one core; µs/req: its CPU (all its threads) per "
+        "request answered; other: CPU used outside the benchmark, % of the machine; "
+        "vs bare: against the bare endpoint of the same round; "
         "batch: records per group-commit batch (a claim and a completion per fresh "
         "request); busy: share of the measurement with a batch in flight"
     )
@@ -859,6 +952,8 @@ def print_table(results: Sequence[TargetResult], settings: Settings, env: dict[s
         f"goals: fresh keys >= {GOAL_FRESH_RATIO}x bare req/s; replays > 1.0x bare"
         " (median over the rounds)"
     )
+    for line in budget_lines(results):
+        print(line)
     for r in results:
         for c in r.row_checks:
             verdict = "OK" if c.ok else "FAILED"
@@ -872,6 +967,39 @@ def print_table(results: Sequence[TargetResult], settings: Settings, env: dict[s
     print_problems(results, sys.stdout)
     if env.get("code_changed"):
         print(f"!!! WARNING: {env['code_changed']}")
+
+
+def budget_lines(results: Sequence[TargetResult]) -> list[str]:
+    """The fresh-key targets' CPU per request against what the goal leaves
+    them (see CpuBudget), one line per round, under a header."""
+    budgets = [(r, r.cpu_budget) for r in results if r.cpu_budget is not None]
+    if not budgets:
+        return []
+    goal = budgets[0][1].goal
+    header = (
+        f"{'round':<6}{'engine':<10}{'bare':>6}{'at goal':>9}{'allowed':>9}{'used':>6}"
+        f"{'added':>7}  {'verdict':<14}{'core busy':>9}{'PostgreSQL':>12}"
+    )
+    lines = [
+        "",
+        f"CPU per fresh request, µs: the server's core has 1 / ({goal}x bare req/s) per "
+        "request at the goal; allowed: that minus what the bare endpoint used",
+        header,
+        "-" * len(header),
+    ]
+    for r, b in budgets:
+        verdict = "within" if b.fits else f"{b.added_us - b.allowance_us:.0f} over"
+        db = f"{b.db_us:.0f}" if b.db_us is not None else "-"
+        lines.append(
+            f"{r.round:<6}{r.engine:<10}{b.bare_us:>6.0f}{b.goal_us:>9.0f}{b.allowance_us:>9.0f}"
+            f"{b.used_us:>6.0f}{b.added_us:>7.0f}  {verdict:<14}{b.server_busy_pct:>8.0f}%"
+            f"{db:>12}"
+        )
+    lines.append(
+        "within its allowance and still short of the goal: the time went to waiting "
+        "(the core not busy throughout), not to CPU"
+    )
+    return lines
 
 
 def print_problems(results: Sequence[TargetResult], out: IO[str]) -> None:
@@ -1011,6 +1139,7 @@ class Run(Workspace):
                 r.round = number
                 if bare.requests_per_s:
                     r.ratio_vs_bare = round(r.requests_per_s / bare.requests_per_s, 3)
+                r.cpu_budget = cpu_budget(r, bare)
         for engine, url in urls.items():
             if url != MEMORY:
                 log(f"[{engine}] {count_all_keys(url):,} rows in {TABLE}")

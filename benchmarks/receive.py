@@ -120,6 +120,7 @@ from _harness import (
     log,
     onceonly_source,
     parser_for,
+    per_request,
     pg_version,
     server,
     wait_for_quiet,
@@ -690,11 +691,6 @@ def check_serve_workers() -> None:
             "this onceonly's `serve` has no --workers option; run without --workers "
             "or against a tree that has it (PYTHONPATH=<tree>/src)"
         )
-
-
-def per_request(cpu_s: float, requests: int) -> float | None:
-    """CPU seconds spread over the requests answered, in microseconds."""
-    return round(cpu_s * 1e6 / requests, 1) if requests else None
 
 
 def budget_lines(results: Sequence[TargetResult]) -> list[str]:

@@ -513,6 +513,79 @@ def test_idempotency_memory_engine_is_a_reference(monkeypatch: pytest.MonkeyPatc
             sys.modules.pop(name, None)
 
 
+def test_idempotency_budget_splits_a_miss_into_cpu_and_waiting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each fresh-key target gets its server CPU per request against what the
+    goal leaves it: at 0.8x of a bare endpoint serving 12,500 req/s the core
+    has 100 µs per request; bare used 80, so the middleware may add 20. One
+    that adds 33 is 13 over; one that adds 15 fits, and if it still misses the
+    goal, the time went to waiting."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import _harness
+    import idempotency
+
+    def result(target: str, engine: str, rps: float, us: float, busy: float) -> Any:
+        requests = int(rps * 8)
+        run = idempotency.WrkResult(
+            requests=requests,
+            duration_s=8.0,
+            latency_ms=dict.fromkeys(("p50", "p90", "p99", "max"), 1.0),
+            non_2xx=0,
+            socket_errors={},
+            sent=requests,
+            non_201=0,
+            replayed=0,
+            responses=requests,
+        )
+        cpu = _harness.CpuUse(
+            server_pct=busy,
+            other_pct=0.0,
+            server_cpu_s=us * requests / 1e6,
+            postgres_cpu_s=50 * requests / 1e6 if engine == "postgres" else 0.0,
+        )
+        return idempotency.result_from(target, engine, run, None, cpu)
+
+    try:
+        bare = result("bare", "-", 12_500, 80, 99)
+        over = result("fresh", "sqlite", 8_000, 113, 90)
+        waiting = result("fresh", "postgres", 8_500, 95, 80)
+        replay = result("replay", "sqlite", 20_000, 50, 99)
+        assert (bare.cpu_us_per_request, over.db_us_per_request) == (80.0, None)
+        assert waiting.db_us_per_request == 50.0
+
+        assert idempotency.cpu_budget(bare, bare) is None
+        assert idempotency.cpu_budget(replay, bare) is None
+        tight = idempotency.cpu_budget(over, bare)
+        assert tight is not None
+        assert tight.goal_us == pytest.approx(100.0)
+        assert tight.allowance_us == pytest.approx(20.0)
+        assert tight.added_us == pytest.approx(33.0)
+        assert not tight.fits
+        roomy = idempotency.cpu_budget(waiting, bare)
+        assert roomy is not None
+        assert roomy.fits
+        assert roomy.db_us == 50.0
+        memory = idempotency.cpu_budget(result("fresh", "memory", 11_500, 86, 100), bare)
+        assert memory is not None
+        assert memory.goal == idempotency.GOAL_FRESH_RATIO
+
+        for r in (bare, over, waiting, replay):
+            r.cpu_budget = idempotency.cpu_budget(r, bare)
+        lines = idempotency.budget_lines([bare, over, waiting, replay])
+        rows = [line.split() for line in lines if line[:1].isdigit()]
+        assert rows == [
+            ["1", "sqlite", "80", "100", "20", "113", "33", "13", "over", "90%", "-"],
+            ["1", "postgres", "80", "100", "20", "95", "15", "within", "80%", "50"],
+        ]
+        assert idempotency.budget_lines([bare, replay]) == []
+        data = over.to_dict()["cpu_budget"]
+        assert (data["allowance_us"], data["added_us"], data["fits"]) == (20.0, 33.0, False)
+    finally:
+        for name in ("idempotency", "idempotency_app", "_harness"):
+            sys.modules.pop(name, None)
+
+
 def test_idempotency_reads_the_group_commit_around_the_measurement(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
