@@ -483,7 +483,6 @@ def cpu_budget(result: TargetResult, bare: TargetResult) -> CpuBudget | None:
     held to the goal of the databases."""
     if (
         result.target != "fresh"
-        or result.engine == "-"
         or result.cpu_us_per_request is None
         or bare.cpu_us_per_request is None
         or not bare.requests_per_s
