@@ -14,8 +14,10 @@ running (409). Every take-over increments ``fence``; a completion only lands
 
 Records are read before the claim (in the same statement on PostgreSQL, under
 the write lock on SQLite), so that keys the record already answers are not
-written at all; only absent, expired or abandoned keys reach the INSERT. A
-batch costs one round trip on PostgreSQL and one transaction on SQLite.
+written at all; only absent, expired or abandoned keys reach the INSERT. On
+SQLite a batch of keys that are all new skips the read (see
+:mod:`.idempotency_sqlite`). A batch costs one round trip on PostgreSQL and
+one transaction on SQLite.
 """
 
 from __future__ import annotations

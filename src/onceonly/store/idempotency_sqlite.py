@@ -3,11 +3,22 @@
 SQLite has one writer: a batch runs in one ``BEGIN IMMEDIATE`` transaction
 (taken ahead of the workers, like the receiver's, by the store's request
 writes), on the event loop while commits are quick. Its completions are one
-``executemany`` of a one-row UPDATE. Its claims are one read of the batch's
-keys, then, when every key to claim is absent (the common case), one
-``executemany`` of a one-row INSERT; otherwise one ``INSERT ... ON CONFLICT DO
-UPDATE ... WHERE``, which decides each. See :mod:`.idempotency` for the
-claim's rules.
+``executemany`` of a one-row UPDATE. Its claims take one of two ways:
+
+- **New keys** (fresh requests, the common case): one ``executemany`` of a
+  one-row ``INSERT ... ON CONFLICT DO NOTHING``, in a savepoint. When it
+  inserted every key, each is a claim won, with fence 1, and nothing was read.
+  When a key was already there, the savepoint is rolled back and the batch
+  goes the other way.
+- **Known keys** (replays, repeats in flight, take-overs): one read of the
+  batch's keys; keys their record settles are answered from it and not
+  written; the others go to one ``INSERT ... ON CONFLICT DO UPDATE ...
+  WHERE``, which decides each.
+
+Either way the database decides, under the write lock. The store takes the
+way the last batch's keys called for: after a batch of new keys, the insert
+first; after one with known keys, the read first, so that replays do not
+pay for an insert that fails. See :mod:`.idempotency` for the claim's rules.
 
 The batch goes through :meth:`SQLiteStore.write_on_request_path`, as the
 receiver's deliveries do; the rest (releases, chunks, purges) through
@@ -111,6 +122,10 @@ def _named(conn: sqlite3.Connection) -> sqlite3.Cursor:
 class SQLiteKeyStore(KeyStore):
     def __init__(self, store: SQLiteStore) -> None:
         self.store = store
+        # Which way the next batch's claims go first (see the module's
+        # docstring): the way the last batch's keys called for. A wrong guess
+        # costs a failed insert or a read, never a wrong answer.
+        self.expect_new = True
 
     async def apply(
         self,
@@ -137,18 +152,52 @@ class SQLiteKeyStore(KeyStore):
     ) -> tuple[list[bool], list[ClaimOutcome]]:
         cursor = _named(conn)
         landed = self._complete_all(cursor, completions, now) if completions else []
-        outcomes = self._claim_all(cursor, claims, now, lock_seconds, ttl) if claims else []
+        outcomes: list[ClaimOutcome] = []
+        if claims:
+            first = first_claims(claims)
+            claimed = self._claim_new(cursor, first, now, lock_seconds, ttl)
+            if claimed is not None:
+                outcomes = answers(claims, first, claimed, {})
+            else:
+                outcomes = self._claim_all(cursor, claims, first, now, lock_seconds, ttl)
         return landed, outcomes
 
-    @staticmethod
+    def _claim_new(
+        self,
+        cursor: sqlite3.Cursor,
+        first: dict[tuple[str, str], KeyClaim],
+        now: float,
+        lock_seconds: float,
+        ttl: float,
+    ) -> dict[tuple[str, str], int] | None:
+        """Claim every key of `first` as a new record, fence 1, if none of
+        them has one; otherwise write nothing and return ``None``."""
+        if not self.expect_new:
+            return None
+        locked_until, expires_at = now + lock_seconds, now + ttl
+        rows = [
+            (c.scope, c.key, c.fingerprint, locked_until, expires_at, now) for c in first.values()
+        ]
+        cursor.execute("SAVEPOINT onceonly_claims")
+        if cursor.executemany(_CLAIM_NEW, rows).rowcount == len(rows):
+            cursor.execute("RELEASE onceonly_claims")
+            return dict.fromkeys(first, 1)
+        # A key has a record (a replay, a repeat, a take-over): undo the rows
+        # this inserted, and let the read decide the batch.
+        cursor.execute("ROLLBACK TO onceonly_claims")
+        cursor.execute("RELEASE onceonly_claims")
+        self.expect_new = False
+        return None
+
     def _claim_all(
+        self,
         cursor: sqlite3.Cursor,
         claims: Sequence[KeyClaim],
+        first: dict[tuple[str, str], KeyClaim],
         now: float,
         lock_seconds: float,
         ttl: float,
     ) -> list[ClaimOutcome]:
-        first = first_claims(claims)
         unique = list(first.values())
         # Read first (the write lock is held since BEGIN IMMEDIATE): a key
         # that is done, or running under a live lock, or bound to another
@@ -180,9 +229,12 @@ class SQLiteKeyStore(KeyStore):
                 attempts.append(c)
         won: dict[tuple[str, str], int] = {}
         locked_until, expires_at = now + lock_seconds, now + ttl
+        # The next batch tries the insert first again when this one's keys
+        # were all new.
+        self.expect_new = not records
         if not any((c.scope, c.key) in records for c in attempts):
-            # New keys only (the common case): each row inserted is a claim
-            # won, with fence 1, and no row needs reading back.
+            # No key to claim has a record: each row inserted is a claim won,
+            # with fence 1, and no row needs reading back.
             rows = [
                 (c.scope, c.key, c.fingerprint, locked_until, expires_at, now) for c in attempts
             ]

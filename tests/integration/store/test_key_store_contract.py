@@ -7,6 +7,7 @@ to the same answers, reached only through ``Store.idempotency_keys()``.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -143,6 +144,34 @@ async def test_a_batch_completes_then_claims(keys: KeyStore) -> None:
     assert outcomes[0].response == OK
 
 
+async def test_new_and_known_keys_mixed_in_batches_are_each_claimed_once(keys: KeyStore) -> None:
+    # SQLite claims a batch of new keys with one insert and, when a key of
+    # the batch turns out to have a record, undoes it and reads first: every
+    # way through gives the same answers, and no key is claimed twice.
+    assert await claim(keys, "known") == ("acquired", 1, "fp")
+    mixed = await keys.claim(
+        [KeyClaim("c", "new-1", "fp"), KeyClaim("c", "known", "fp"), KeyClaim("c", "new-2", "fp")],
+        now=NOW + 1,
+        lock_seconds=10,
+        ttl=100,
+    )
+    assert [(o.state, o.fence) for o in mixed] == [("acquired", 1), ("running", 1), ("acquired", 1)]
+    # The keys the undone insert had written were claimed by the read's way,
+    # once: asked again, they are in flight.
+    again = await keys.claim(
+        [KeyClaim("c", "new-1", "fp"), KeyClaim("c", "new-2", "fp")],
+        now=NOW + 2,
+        lock_seconds=10,
+        ttl=100,
+    )
+    assert [(o.state, o.fence) for o in again] == [("running", 1), ("running", 1)]
+    # After batches of known keys, new ones are claimed, and then new ones again.
+    for n in range(2):
+        batch = [KeyClaim("c", f"later-{n}-{i}", "fp") for i in range(3)]
+        outcomes = await keys.claim(batch, now=NOW + 3, lock_seconds=10, ttl=100)
+        assert [(o.state, o.fence) for o in outcomes] == [("acquired", 1)] * 3
+
+
 async def test_a_release_forgets_only_its_own_claim(keys: KeyStore) -> None:
     await claim(keys, "k")
     await keys.release("c", "k", 2)  # not the owner's fence: nothing happens
@@ -220,3 +249,30 @@ def test_a_store_without_key_store_says_so() -> None:
     # The port's default, for a user's own Store that keeps no records.
     with pytest.raises(ConfigurationError, match="keeps no Idempotency-Key records"):
         Store.idempotency_keys(MemoryStore())
+
+
+async def test_on_sqlite_replays_write_nothing_whichever_way_they_are_claimed(
+    tmp_path: Path,
+) -> None:
+    # The SQLite key store tries the insert first after a batch of new keys,
+    # and reads first after a batch with known ones (see its module). Either
+    # way, a batch that only meets records writes nothing: no WAL frame to
+    # write and sync for a replay.
+    from onceonly.store.idempotency_sqlite import SQLiteKeyStore
+
+    path = tmp_path / "keys.db"
+    async with create_store(f"sqlite:///{path}") as store:
+        keys = store.idempotency_keys()
+        assert isinstance(keys, SQLiteKeyStore)
+        assert await claim(keys, "a") == ("acquired", 1, "fp")
+        await keys.complete([Completion("c", "a", 1, OK)], now=NOW)
+        wal = path.with_name(path.name + "-wal")
+        size = wal.stat().st_size
+        assert keys.expect_new  # the last claims were all new
+        assert await claim(keys, "a", now=NOW + 1) == ("done", 1, "fp")  # the insert first
+        assert not keys.expect_new
+        assert await claim(keys, "a", now=NOW + 2) == ("done", 1, "fp")  # the read first
+        assert wal.stat().st_size == size
+        # A batch of new keys read first turns the store back to the insert.
+        assert await claim(keys, "b", now=NOW + 3) == ("acquired", 1, "fp")
+        assert keys.expect_new
