@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import StoreError
@@ -111,6 +111,15 @@ def _sql(template: str, row: str, count: int) -> str:
     return template.format(rows=", ".join([row] * count))
 
 
+def _insert_new(
+    cursor: sqlite3.Cursor, claims: Iterable[KeyClaim], now: float, lock_seconds: float, ttl: float
+) -> int:
+    """Insert `claims` as new running records (_CLAIM_NEW); how many went in."""
+    locked_until, expires_at = now + lock_seconds, now + ttl
+    rows = [(c.scope, c.key, c.fingerprint, locked_until, expires_at, now) for c in claims]
+    return int(cursor.executemany(_CLAIM_NEW, rows).rowcount)
+
+
 def _named(conn: sqlite3.Connection) -> sqlite3.Cursor:
     """A cursor whose rows are read by column name. The connection is the
     store's, shared with the receive path: its own row factory stays as it is."""
@@ -174,12 +183,8 @@ class SQLiteKeyStore(KeyStore):
         them has one; otherwise write nothing and return ``None``."""
         if not self.expect_new:
             return None
-        locked_until, expires_at = now + lock_seconds, now + ttl
-        rows = [
-            (c.scope, c.key, c.fingerprint, locked_until, expires_at, now) for c in first.values()
-        ]
         cursor.execute("SAVEPOINT onceonly_claims")
-        if cursor.executemany(_CLAIM_NEW, rows).rowcount == len(rows):
+        if _insert_new(cursor, first.values(), now, lock_seconds, ttl) == len(first):
             cursor.execute("RELEASE onceonly_claims")
             return dict.fromkeys(first, 1)
         # A key has a record (a replay, a repeat, a take-over): undo the rows
@@ -227,21 +232,18 @@ class SQLiteKeyStore(KeyStore):
                 existing[(c.scope, c.key)] = outcome(row)
             else:
                 attempts.append(c)
-        won: dict[tuple[str, str], int] = {}
-        locked_until, expires_at = now + lock_seconds, now + ttl
         # The next batch tries the insert first again when this one's keys
         # were all new.
         self.expect_new = not records
+        won: dict[tuple[str, str], int] = {}
         if not any((c.scope, c.key) in records for c in attempts):
             # No key to claim has a record: each row inserted is a claim won,
             # with fence 1, and no row needs reading back.
-            rows = [
-                (c.scope, c.key, c.fingerprint, locked_until, expires_at, now) for c in attempts
-            ]
-            if cursor.executemany(_CLAIM_NEW, rows).rowcount != len(rows):
+            if _insert_new(cursor, attempts, now, lock_seconds, ttl) != len(attempts):
                 raise StoreError("idempotency keys appeared under the write lock")
             won.update(((c.scope, c.key), 1) for c in attempts)
             return answers(claims, first, won, existing)
+        locked_until, expires_at = now + lock_seconds, now + ttl
         for i in range(0, len(attempts), _ROWS):
             part = attempts[i : i + _ROWS]
             params: list[Any] = []
