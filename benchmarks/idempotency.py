@@ -36,6 +36,13 @@ keeps every record as Python objects; the app freezes them out of the garbage
 collector's full passes (see idempotency_app.py), which a database's records
 never enter.
 
+`--engines memory-wait` is the same in-memory store with each group-commit
+batch first waiting --memory-wait-ms (default 2) on the event loop, with no
+CPU: a database's round trip with none of its work. Between memory and
+memory-wait lies what waiting for commits costs the server by itself (an
+event loop left idle, requests in flight longer); between memory-wait and a
+database, the database's own work. A reference too, with no goal.
+
 Checks (a failed one is printed in capitals and makes the exit status 1):
 
 - no non-2xx answer, no socket error, on any target;
@@ -139,15 +146,16 @@ from _harness import (
     wait_for_quiet,
     wrk_version,
 )
-from idempotency_app import APPS, MEMORY, STATS_PATH, add_app_option
+from idempotency_app import APPS, MEMORY, STATS_PATH, add_app_option, is_memory
 
 HERE = Path(__file__).resolve().parent
 LUA_SCRIPT = HERE / "idempotency.lua"
 APP = HERE / "idempotency_app.py"
 PATH = "/orders"
 ENGINES = ("sqlite", "postgres")
-#: The engines --engines takes: the default ones and the in-memory reference.
-ALL_ENGINES = (*ENGINES, "memory")
+#: The engines --engines takes: the default ones and the in-memory references.
+REFERENCES = ("memory", "memory-wait")
+ALL_ENGINES = (*ENGINES, *REFERENCES)
 KINDS = ("fresh", "replay", "replay-nocache")
 # Issue 19 raised the fresh-key goal from 0.5x to 0.8x.
 GOAL_FRESH_RATIO = 0.80
@@ -332,6 +340,8 @@ class Settings:
     key_order: str = "clustered"
     #: The framework the endpoint is written for (idempotency_app.APPS).
     app: str = APPS[0]
+    #: --engines memory-wait: how long each batch waits before it is applied.
+    memory_wait_ms: float = 2.0
 
 
 @dataclass
@@ -562,11 +572,11 @@ class TargetResult:
 def kinds_for(engine: str) -> tuple[str, ...]:
     """The targets measured on `engine`: all of them, or fresh keys alone for
     the in-memory reference (its replays say nothing a database's do not)."""
-    return ("fresh",) if engine == "memory" else KINDS
+    return ("fresh",) if engine in REFERENCES else KINDS
 
 
 def goal_for(target: str, engine: str = "-") -> float | None:
-    if engine == "memory":
+    if engine in REFERENCES:
         return None  # a reference: no database, no durability
     if target == "fresh":
         return GOAL_FRESH_RATIO
@@ -585,7 +595,7 @@ def goal_met(target: str, ratio: float | None, engine: str = "-") -> bool | None
 
 
 def goal_text(target: str, ratio: float | None, engine: str = "-") -> str:
-    if engine == "memory":
+    if engine in REFERENCES:
         return "- (no database: a reference)"
     goal, met = goal_for(target, engine), goal_met(target, ratio, engine)
     if goal is None or met is None:
@@ -834,12 +844,12 @@ def measure(
         )
         check_replays(result, run, before, count_keys(database_url, run_tag), expected)
         return result
-    if database_url == MEMORY:
+    if is_memory(database_url):
         result.notes.append("rows not counted: the in-memory store lived in the server")
     for phase, tag, phase_run in (("warm-up", warm_tag, warm), ("measured", run_tag, run)):
         if phase_run is None:
             continue
-        if database_url != MEMORY:
+        if not is_memory(database_url):
             count = count_keys(database_url, tag)
             result.row_checks.append(
                 check_fresh_rows(phase, count, phase_run, settings.connections)
@@ -906,7 +916,7 @@ def print_table(results: Sequence[TargetResult], settings: Settings, env: dict[s
         f"SQLite {env['sqlite']}, PostgreSQL {env.get('postgresql', 'n/a')}"
     )
     header = (
-        f"{'round':<6}{'target':<16}{'engine':<10}{'req/s':>9}{'p50 ms':>8}{'p99 ms':>8}"
+        f"{'round':<6}{'target':<16}{'engine':<12}{'req/s':>9}{'p50 ms':>8}{'p99 ms':>8}"
         f"{'non-2xx':>8}{'vs bare':>8}{'srv CPU':>8}{'µs/req':>8}{'other':>7}{'batch':>7}"
         f"{'busy':>6}  {'checks':<7}"
     )
@@ -919,7 +929,7 @@ def print_table(results: Sequence[TargetResult], settings: Settings, env: dict[s
         busy = f"{used.busy_pct:.0f}%" if used else "-"
         per_req = f"{r.cpu_us_per_request:.0f}" if r.cpu_us_per_request is not None else "-"
         print(
-            f"{r.round:<6}{r.target:<16}{r.engine:<10}{r.requests_per_s:>9,.0f}{r.p50_ms:>8.2f}"
+            f"{r.round:<6}{r.target:<16}{r.engine:<12}{r.requests_per_s:>9,.0f}{r.p50_ms:>8.2f}"
             f"{r.p99_ms:>8.2f}{r.non_2xx:>8}{ratio:>8}{r.server_cpu_pct:>7.0f}%{per_req:>8}"
             f"{r.other_cpu_pct:>6.0f}%{batch:>7}{busy:>6}  {'OK' if r.ok else 'FAILED':<7}"
         )
@@ -934,14 +944,14 @@ def print_table(results: Sequence[TargetResult], settings: Settings, env: dict[s
     print(f"\nover {rounds} round(s): median ratio to the bare endpoint, and each round's")
     width = 5 * rounds + 2
     header = (
-        f"{'target':<16}{'engine':<10}{'median req/s':>13}{'vs bare':>9}  {'rounds':<{width}}goal"
+        f"{'target':<16}{'engine':<12}{'median req/s':>13}{'vs bare':>9}  {'rounds':<{width}}goal"
     )
     print(header)
     print("-" * (len(header) + 14))
     for summary in summarize(results):
         median = summary.median_ratio
         print(
-            f"{summary.target:<16}{summary.engine:<10}"
+            f"{summary.target:<16}{summary.engine:<12}"
             f"{statistics.median(summary.requests_per_s):>13,.0f}"
             f"{(f'{median:.3f}x' if median is not None else '-'):>9}  "
             f"{' '.join(f'{x:.2f}' for x in summary.ratios):<{width}}"
@@ -976,7 +986,7 @@ def budget_lines(results: Sequence[TargetResult]) -> list[str]:
         return []
     goal = budgets[0][1].goal
     header = (
-        f"{'round':<6}{'engine':<10}{'bare':>6}{'at goal':>9}{'allowed':>9}{'used':>6}"
+        f"{'round':<6}{'engine':<12}{'bare':>6}{'at goal':>9}{'allowed':>9}{'used':>6}"
         f"{'added':>7}  {'verdict':<14}{'core busy':>9}{'PostgreSQL':>12}"
     )
     lines = [
@@ -990,7 +1000,7 @@ def budget_lines(results: Sequence[TargetResult]) -> list[str]:
         verdict = "within" if b.fits else f"{b.added_us - b.allowance_us:.0f} over"
         db = f"{b.db_us:.0f}" if b.db_us is not None else "-"
         lines.append(
-            f"{r.round:<6}{r.engine:<10}{b.bare_us:>6.0f}{b.goal_us:>9.0f}{b.allowance_us:>9.0f}"
+            f"{r.round:<6}{r.engine:<12}{b.bare_us:>6.0f}{b.goal_us:>9.0f}{b.allowance_us:>9.0f}"
             f"{b.used_us:>6.0f}{b.added_us:>7.0f}  {verdict:<14}{b.server_busy_pct:>8.0f}%"
             f"{db:>12}"
         )
@@ -1044,8 +1054,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--engines",
         default=",".join(ENGINES),
-        help="comma-separated subset of sqlite,postgres,memory (memory: fresh keys with no "
-        "database, a reference; not in the default)",
+        help="comma-separated subset of sqlite,postgres,memory,memory-wait (memory: fresh "
+        "keys with no database, a reference; memory-wait: the same, each batch first waiting "
+        "--memory-wait-ms; neither is in the default)",
+    )
+    parser.add_argument(
+        "--memory-wait-ms",
+        type=float,
+        default=2.0,
+        help="with --engines memory-wait: how long each group-commit batch waits, with no "
+        "CPU, before the in-memory store applies it (a database's round trip, without its "
+        "work)",
     )
     add_app_option(parser)
     add_pg_admin_url(parser)
@@ -1074,10 +1093,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         or args.keys < args.connections
         or args.wait_quiet < 0
         or args.retries < 0
+        or not 0 < args.memory_wait_ms <= 10_000
     ):
         parser.error(
             "needs --duration >= 1, --rounds >= 1, --warmup >= 0, --threads >= 1, "
-            "--keys >= --connections, --wait-quiet >= 0, --retries >= 0"
+            "--keys >= --connections, --wait-quiet >= 0, --retries >= 0, "
+            "0 < --memory-wait-ms <= 10000"
         )
     check_common(parser, args)
     return args
@@ -1123,6 +1144,8 @@ class Run(Workspace):
                 urls[engine] = f"sqlite:///{self.workdir / 'onceonly.db'}"
             elif engine == "memory":
                 urls[engine] = MEMORY
+            elif engine == "memory-wait":
+                urls[engine] = f"{MEMORY}?wait={settings.memory_wait_ms / 1000:g}"
             else:
                 urls[engine] = self.recreate_db()
                 checkpoint(settings.pg_admin_url)
@@ -1140,7 +1163,7 @@ class Run(Workspace):
                     r.ratio_vs_bare = round(r.requests_per_s / bare.requests_per_s, 3)
                 r.cpu_budget = cpu_budget(r, bare)
         for engine, url in urls.items():
-            if url != MEMORY:
+            if not is_memory(url):
                 log(f"[{engine}] {count_all_keys(url):,} rows in {TABLE}")
 
 
@@ -1164,6 +1187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rounds=args.rounds,
         key_order=args.key_order,
         app=args.app,
+        memory_wait_ms=args.memory_wait_ms,
     )
     exit_on_signals()
 

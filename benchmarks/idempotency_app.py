@@ -19,6 +19,9 @@ middleware costs before any database work. That store keeps every record as
 Python objects; so that the garbage collector's full passes over a growing
 heap of them are not counted as the middleware's cost, the app moves what
 exists to the collector's permanent generation (``gc.freeze()``) every second.
+``memory://?wait=0.002`` is the same store with each group-commit batch first
+waiting 2 ms on the event loop (``asyncio.sleep``): a database's round trip
+with none of its work, to tell what the wait costs from what the work does.
 
 uvicorn runs it with the settings of benchmarks/bare_app.py (and of ``onceonly
 serve``): one process, ``loop="auto"``/``http="auto"`` (uvloop and httptools
@@ -35,6 +38,7 @@ import asyncio
 import gc
 import importlib.util
 import time
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -50,7 +54,8 @@ from onceonly.asgi import ASGIApp
 from onceonly.idempotency import IdempotencyMiddleware
 from onceonly.store.memory import MemoryStore
 
-#: The `database_url` that stands for the in-memory store.
+#: The `database_url` that stands for the in-memory store; ``memory://?wait=S``
+#: makes each of its batches first wait S seconds (see `memory_wait`).
 MEMORY = "memory://"
 #: The frameworks the endpoint is written for (--app); the first is the default.
 APPS = ("starlette", "fastapi")
@@ -108,16 +113,53 @@ async def _freeze_every_second() -> None:
         gc.freeze()
 
 
+def is_memory(database_url: str | None) -> bool:
+    """Whether `database_url` names the in-memory store, with or without a wait."""
+    return database_url is not None and database_url.partition("?")[0] == MEMORY
+
+
+def memory_wait(database_url: str) -> float:
+    """The seconds each batch of the in-memory store waits (``?wait=``), 0 by
+    default: asyncio.sleep() before the batch, a database's round trip with
+    none of its work, so that what waiting itself costs the server can be
+    told apart from the work of a real database."""
+    query = urllib.parse.parse_qs(database_url.partition("?")[2], strict_parsing=False)
+    unknown = set(query) - {"wait"}
+    if unknown:
+        raise ValueError(f"{database_url!r}: the in-memory store takes ?wait=SECONDS only")
+    wait = float(query.get("wait", ["0"])[-1])
+    if not 0 <= wait <= 10:
+        raise ValueError(f"{database_url!r}: wait must be 0 to 10 seconds")
+    return wait
+
+
+def _wait_before_each_batch(middleware: IdempotencyMiddleware, wait: float) -> None:
+    """``memory://?wait=``: each group-commit batch first sleeps `wait` seconds."""
+    unwaited = middleware.records.flush
+
+    async def waiting(items: Any) -> Any:
+        await asyncio.sleep(wait)
+        return await unwaited(items)
+
+    middleware.records.flush = waiting
+
+
+def _store_for(database_url: str | None) -> tuple[Store | None, float]:
+    """The store `database_url` names (none: the bare app), and how long each of
+    its batches first waits (the in-memory store's ``?wait=``)."""
+    if database_url is None or not database_url:
+        return None, 0.0
+    if is_memory(database_url):
+        return MemoryStore(), memory_wait(database_url)
+    return create_store(database_url), 0.0
+
+
 def build(
     database_url: str | None, cache_bytes: int, *, stats: bool = False, app_kind: str = APPS[0]
 ) -> ASGIApp:
     if app_kind not in APPS:
         raise ValueError(f"unknown app {app_kind!r}: use one of {', '.join(APPS)}")
-    store: Store | None = None
-    if database_url == MEMORY:
-        store = MemoryStore()
-    elif database_url:
-        store = create_store(database_url)
+    store, wait = _store_for(database_url)
     middleware: IdempotencyMiddleware | None = None
     flush_seconds = [0.0]
 
@@ -131,7 +173,7 @@ def build(
         # 4 ms to 39-109 ms and requests/s fell by 11-14% (wrk, 8 s runs): full
         # collections walking the store's records, which a database keeps
         # out of the process.
-        frozen = asyncio.create_task(_freeze_every_second()) if database_url == MEMORY else None
+        frozen = asyncio.create_task(_freeze_every_second()) if is_memory(database_url) else None
         try:
             yield
         finally:
@@ -181,6 +223,8 @@ def build(
     if store is None:
         return app
     middleware = IdempotencyMiddleware(app, store=store, cache_bytes=cache_bytes)
+    if wait:
+        _wait_before_each_batch(middleware, wait)
     if stats:
         flush = middleware.records.flush
 
@@ -202,7 +246,8 @@ def main() -> None:
     parser.add_argument("--log-level", default="warning")
     parser.add_argument(
         "--database-url",
-        help=f"wrap the app in IdempotencyMiddleware on this database ({MEMORY}: in memory)",
+        help=f"wrap the app in IdempotencyMiddleware on this database ({MEMORY}: in memory;"
+        f" {MEMORY}?wait=SECONDS: in memory, each batch first waiting that long)",
     )
     parser.add_argument(
         "--cache-bytes",

@@ -651,6 +651,77 @@ def test_idempotency_reads_the_group_commit_around_the_measurement(
             sys.modules.pop(name, None)
 
 
+def test_idempotency_memory_wait_engine_waits_on_each_batch_and_answers_alike(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--engines memory-wait is the in-memory store with each group-commit
+    batch first waiting --memory-wait-ms on the event loop: each batch is in
+    flight at least that long, the answers are the same as without the wait (a
+    repeat replays), and it is a reference with no goal, measured on fresh
+    keys only. A URL with anything but ?wait=SECONDS is refused."""
+    import asyncio
+
+    import httpx
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import idempotency
+    import idempotency_app
+    import idempotency_cpu
+
+    async def post(database_url: str) -> tuple[list[httpx.Response], dict[str, float]]:
+        app = idempotency_app.build(database_url, 1 << 20, stats=True)
+        task, inbox = await idempotency_cpu._lifespan(app)
+        try:
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
+                answers = []
+                for i in (1, 2, 1):
+                    headers, body = idempotency.cycle_request("mw", 0, i)
+                    answers.append(await client.post("/orders", headers=headers, content=body))
+                counters = (await client.get(idempotency_app.STATS_PATH)).json()
+                return answers, counters
+        finally:
+            await inbox.put({"type": "lifespan.shutdown"})
+            await task
+
+    try:
+        assert idempotency_app.memory_wait("memory://") == 0
+        assert idempotency_app.memory_wait("memory://?wait=0.05") == 0.05
+        assert idempotency_app.is_memory("memory://?wait=0.05")
+        assert not idempotency_app.is_memory("sqlite:///memory://")
+        for bad, message in (
+            ("memory://?delay=1", r"takes \?wait=SECONDS only"),
+            ("memory://?wait=-1", "0 to 10 seconds"),
+            ("memory://?wait=soon", "could not convert"),
+        ):
+            with pytest.raises(ValueError, match=message):
+                idempotency_app.memory_wait(bad)
+
+        answers, counters = asyncio.run(post("memory://?wait=0.05"))
+        assert [a.status_code for a in answers] == [201, 201, 201]
+        assert answers[2].headers["idempotent-replayed"] == "true"
+        assert answers[2].content == answers[0].content
+        assert answers[1].content != answers[0].content
+        # Two fresh keys (a claim and a completion each) and one replay that
+        # reads its record: five batches, each in flight for the 50 ms wait.
+        assert counters["batches"] == 5
+        assert counters["flush_seconds"] >= 5 * 0.05
+        _, unwaited = asyncio.run(post("memory://"))
+        assert unwaited["batches"] == 5
+        assert unwaited["flush_seconds"] < 0.05
+
+        args = idempotency.parse_args(["--engines", "memory-wait,sqlite", "--memory-wait-ms", "3"])
+        assert (args.engines, args.memory_wait_ms) == (["sqlite", "memory-wait"], 3.0)
+        assert idempotency.parse_args([]).memory_wait_ms == 2.0
+        with pytest.raises(SystemExit):
+            idempotency.parse_args(["--engines", "memory-wait", "--memory-wait-ms", "0"])
+        assert idempotency.kinds_for("memory-wait") == ("fresh",)
+        assert idempotency.goal_met("fresh", 0.95, "memory-wait") is None
+    finally:
+        for name in ("idempotency_cpu", "idempotency", "idempotency_app", "_harness"):
+            sys.modules.pop(name, None)
+
+
 def test_benchmark_ports_come_from_a_range_the_kernel_never_hands_out(
     scripts: dict[str, ModuleType],
 ) -> None:
