@@ -123,7 +123,7 @@ def memory_wait(database_url: str) -> float:
     default: asyncio.sleep() before the batch, a database's round trip with
     none of its work, so that what waiting itself costs the server can be
     told apart from the work of a real database."""
-    query = urllib.parse.parse_qs(database_url.partition("?")[2], strict_parsing=False)
+    query = urllib.parse.parse_qs(database_url.partition("?")[2])
     unknown = set(query) - {"wait"}
     if unknown:
         raise ValueError(f"{database_url!r}: the in-memory store takes ?wait=SECONDS only")
@@ -147,7 +147,7 @@ def _wait_before_each_batch(middleware: IdempotencyMiddleware, wait: float) -> N
 def _store_for(database_url: str | None) -> tuple[Store | None, float]:
     """The store `database_url` names (none: the bare app), and how long each of
     its batches first waits (the in-memory store's ``?wait=``)."""
-    if database_url is None or not database_url:
+    if not database_url:
         return None, 0.0
     if is_memory(database_url):
         return MemoryStore(), memory_wait(database_url)
