@@ -3,6 +3,7 @@ their stall arithmetic is right (the scripts themselves are run by hand, not in 
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import uuid
@@ -21,6 +22,7 @@ def scripts(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, ModuleType]]:
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import _load
     import cost_curve
+    import instructions
     import purge_stall
     import receive
     import receive_ab
@@ -28,6 +30,7 @@ def scripts(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, ModuleType]]:
 
     yield {
         "cost_curve": cost_curve,
+        "instructions": instructions,
         "purge_stall": purge_stall,
         "receive": receive,
         "receive_ab": receive_ab,
@@ -39,6 +42,7 @@ def scripts(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, ModuleType]]:
         "_prefill",
         "_harness",
         "cost_curve",
+        "instructions",
         "purge_stall",
         "worker_peers",
         "receive",
@@ -739,3 +743,88 @@ def test_benchmark_ports_come_from_a_range_the_kernel_never_hands_out(
         second = _harness.free_port()
     assert all(19000 <= p < 20000 for p in (first, second))
     assert second not in (first, skipped)
+
+
+@pytest.fixture
+def instructions(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import instructions
+
+    yield instructions
+    for name in ("instructions", "receive_ab", "receive", "_harness", "_load", "_prefill"):
+        sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--engine", "memory"], "--engine 'memory': receive takes sqlite or nodb"),
+        (["--target", "fresh", "--engine", "nodb"], "fresh takes sqlite or memory"),
+        (["--target", "replay", "--engine", "postgresql"], "replay takes sqlite or memory"),
+        (["--low", "100", "--high", "100"], "needs 1 <= --low < --high"),
+        (["--warmup", "-1"], "--warmup >= 0"),
+    ],
+)
+def test_instructions_refuses_what_it_cannot_count(
+    instructions: ModuleType, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    """PostgreSQL's work would be left out of the count, and a count at the
+    same two sizes divides by zero: both are refused before anything runs."""
+    with pytest.raises(SystemExit) as exit_info:
+        instructions.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_instructions_reads_cachegrinds_total(instructions: ModuleType) -> None:
+    stderr = "==4107== \n==4107== I   refs:      2,285,608,228\n"
+    assert instructions.instructions(stderr) == 2_285_608_228
+    import _harness
+
+    with pytest.raises(_harness.BenchmarkError, match="no instruction count"):
+        instructions.instructions("==4107== error while loading shared libraries\n")
+
+
+@pytest.mark.parametrize(
+    ("what", "engine"),
+    [
+        ("receive", "sqlite"),
+        ("fresh", "sqlite"),
+        ("replay", "sqlite"),
+        ("baseline:fresh", "sqlite"),
+    ],
+)
+def test_instructions_children_answer_every_request(what: str, engine: str) -> None:
+    """What valgrind counts is a run of real requests, each answered as the
+    path should (a child exits with an error on any other answer)."""
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "instructions.py"), "--child", what, engine, "40", "8"],
+        cwd=BENCHMARKS,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed: not run")
+def test_instructions_counts_more_for_onceonly_than_for_an_empty_answer(
+    instructions: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """End to end under valgrind, at the smallest counts: the receiver without
+    a database still runs more instructions per delivery than a route that
+    answers an empty 200, and the report says so as a ratio above 1."""
+    status = instructions.main(
+        ["--engine", "nodb", "--low", "32", "--high", "96", "--warmup", "32"]
+    )
+    out = capsys.readouterr().out
+    assert status == 0, out
+    per_request = {
+        line.split()[0]: (int(line.split()[-2].replace(",", "")), float(line.split()[-1][:-1]))
+        for line in out.splitlines()
+        if line.startswith(("baseline ", "B (.)"))
+    }
+    base, ours = per_request["baseline"], per_request["B"]
+    assert base[0] > 0
+    assert ours[0] > base[0]
+    assert ours[1] == pytest.approx(ours[0] / base[0], abs=0.001)
