@@ -34,7 +34,9 @@ def loads(body: bytes) -> Any:
     reads what orjson does not (``NaN``, a byte-order mark, UTF-16, a lone
     surrogate escape), and its errors are the ones callers have always seen.
     """
-    if _LONG_NUMBER not in body.translate(_DIGITS_AS_ZERO):
+    # find(), not "in": bytes.__contains__ first tries its argument as an
+    # int and builds a TypeError to find out it is not one.
+    if body.translate(_DIGITS_AS_ZERO).find(_LONG_NUMBER) < 0:
         try:
             return orjson.loads(body)
         except orjson.JSONDecodeError:
