@@ -3,7 +3,7 @@
 On a shared VM the same code's requests/s moves by 30% from one minute to
 the next, so a change worth 2-5% cannot be seen in a timing, even in process.
 The number of instructions a request runs does not move with the machine's
-load: the same tree counted as both A and B comes out within about 0.2%.
+load: the same tree counted as both A and B comes out within 0.1%.
 This script counts them for one hot path, for the baseline endpoint of that
 path and for one or two trees, and prints the ratios.
 
@@ -29,12 +29,16 @@ which valgrind does not see, so the count would leave out what it costs.
 
 How: each figure comes from two runs of a child process under ``valgrind
 --tool=cachegrind --cache-sim=no``, one with --low requests and one with
---high, after the same warm-up. Instructions per request = (count at high -
-count at low) / (high - low): the interpreter's start, the imports and the
-warm-up cancel out. Only user-space instructions are counted: the kernel's
-part of a commit (its writes and fdatasync) is not. Children run with
-PYTHONHASHSEED=0, this interpreter and its installed packages, and the tree's
-``src`` first on PYTHONPATH.
+--high, after the same warm-up. Both first prepare --high requests (signed,
+encoded), then set them aside from the garbage collector (``gc.freeze``).
+Instructions per request = (count at high - count at low) / (high - low):
+the interpreter's start, the imports, the requests' making and the warm-up
+cancel out. SQLite's commits are kept on the event loop, as a quick disk
+keeps them (under valgrind each takes long enough on the clock to send the
+next to the store's thread). Only user-space instructions are counted: the
+kernel's part of a commit (its writes and fdatasync) is not. Children run
+with PYTHONHASHSEED=0, this interpreter and its installed packages, and the
+tree's ``src`` first on PYTHONPATH.
 
 --a and --b each take a git revision (its ``src/`` exported with ``git
 archive``) or ``.`` (this checkout's ``src/``, uncommitted changes included:
@@ -49,14 +53,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
+import gc
+import math
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,8 +76,6 @@ TARGETS = {
 }
 BASELINE = "baseline"
 CONCURRENCY = 32
-# The n-th request's headers and body.
-MakeRequest = Callable[[int], tuple[dict[str, str], bytes]]
 _REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
 
@@ -122,18 +125,18 @@ class Count:
     engine: str
     src: Path
 
-    def command(self, valgrind: str, requests: int, warmup: int) -> list[str]:
+    def command(self, valgrind: str, requests: int, warmup: int, prepared: int) -> list[str]:
         child = [sys.executable, str(Path(__file__).resolve()), "--child", self.what, self.engine]
         tool = [valgrind, "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null"]
-        return [*tool, *child, str(requests), str(warmup)]
+        return [*tool, *child, str(requests), str(warmup), str(prepared)]
 
-    def run(self, valgrind: str, requests: int, warmup: int) -> int:
+    def run(self, valgrind: str, requests: int, warmup: int, prepared: int) -> int:
         env = dict(os.environ, PYTHONHASHSEED="0")
         env["PYTHONPATH"] = os.pathsep.join(
             [str(self.src), str(BENCHMARKS), *filter(None, [os.environ.get("PYTHONPATH")])]
         )
         done = subprocess.run(
-            self.command(valgrind, requests, warmup),
+            self.command(valgrind, requests, warmup, prepared),
             cwd=BENCHMARKS,
             env=env,
             capture_output=True,
@@ -147,8 +150,10 @@ class Count:
         return instructions(done.stderr)
 
     def per_request(self, args: argparse.Namespace) -> float:
-        low = self.run(args.valgrind, args.low, args.warmup)
-        high = self.run(args.valgrind, args.high, args.warmup)
+        # Both counts prepare --high requests (signed, encoded) before the
+        # warm-up, so that making the requests cancels out with the rest.
+        low = self.run(args.valgrind, args.low, args.warmup, args.high)
+        high = self.run(args.valgrind, args.high, args.warmup, args.high)
         return float(high - low) / float(args.high - args.low)
 
 
@@ -156,7 +161,31 @@ class Count:
 # The children: the requests themselves (run under valgrind, or alone to try).
 
 
-async def _receive(engine: str, requests: int, warmup: int, *, baseline: bool) -> None:
+def _commits_inline(engine: str) -> None:
+    """Keep SQLite's commits on the event loop, where a quick disk keeps them.
+
+    A commit that took over INLINE_COMMIT_SECONDS (1 ms) on the clock sends
+    the next one to the store's thread. Under valgrind every commit does, so
+    the count would follow the thread's path, and how many went there would
+    depend on the clock: the same tree counted twice came out 1.2% apart."""
+    if engine == "sqlite":
+        from onceonly.store import sqlite as sqlite_store
+
+        sqlite_store.INLINE_COMMIT_SECONDS = math.inf
+
+
+def _set_aside() -> None:
+    """Move what exists now (the app, the prepared requests) out of the
+    collector's reach: otherwise each full collection walks the requests
+    prepared for the longer count, and the two counts no longer differ by
+    the requests alone."""
+    gc.collect()
+    gc.freeze()
+
+
+async def _receive(
+    engine: str, requests: int, warmup: int, prepared: int, *, baseline: bool
+) -> None:
     import receive_cpu
     from nodb_app import WithoutDatabase
     from onceonly import Onceonly
@@ -173,9 +202,11 @@ async def _receive(engine: str, requests: int, warmup: int, *, baseline: bool) -
                 database_url=url, providers={"stripe": Stripe(receive_cpu.SECRET)}, environ={}
             )
             app = onceonly.asgi()
-        for tag, n in (("warm", warmup), ("counted", requests)):
-            batch = receive_cpu.deliveries(n, tag)
-            for start in range(0, n, CONCURRENCY):
+        warm = receive_cpu.deliveries(warmup, "warm")
+        counted = receive_cpu.deliveries(max(prepared, requests), "counted")[:requests]
+        _set_aside()
+        for batch in (warm, counted):
+            for start in range(0, len(batch), CONCURRENCY):
                 statuses = await asyncio.gather(
                     *(receive_cpu.call(app, *d) for d in batch[start : start + CONCURRENCY])
                 )
@@ -186,7 +217,7 @@ async def _receive(engine: str, requests: int, warmup: int, *, baseline: bool) -
 
 
 async def _idempotency(
-    target: str, engine: str, requests: int, warmup: int, *, baseline: bool
+    target: str, engine: str, requests: int, warmup: int, prepared: int, *, baseline: bool
 ) -> None:
     import idempotency_cpu
     from idempotency import cycle_request
@@ -199,34 +230,35 @@ async def _idempotency(
         try:
             # Fixed tags: the same keys in every child, so that both counts
             # insert alike (idempotency_cpu._drive checks every answer is 201).
-            warm: MakeRequest = functools.partial(cycle_request, "5761726d", 0)
-            counted: MakeRequest = functools.partial(cycle_request, "436f756e", 0)
-            if target == "replay" and not baseline:
-                # 500 keys stored, then each asked for once more (the cache
-                # fills); the warm-up and the count cycle over them.
-                stored = counted
-
-                def again(i: int) -> tuple[dict[str, str], bytes]:
-                    return stored(i % 500)
-
-                await idempotency_cpu._drive(app, 500, CONCURRENCY, again)
-                await idempotency_cpu._drive(app, 500, CONCURRENCY, again)
-                warm = counted = again
-            await idempotency_cpu._drive(app, warmup, CONCURRENCY, warm)
-            await idempotency_cpu._drive(app, requests, CONCURRENCY, counted)
+            # Replays cycle over 500 keys, first stored and asked for once
+            # more (the cache fills), for the warm-up and the count alike.
+            replay = target == "replay"
+            length = max(prepared, requests, warmup if replay else 0, 500 if replay else 0)
+            keys = 500 if replay else length
+            counted = [cycle_request("436f756e", 0, i % keys) for i in range(length)]
+            warm = counted if replay else [cycle_request("5761726d", 0, i) for i in range(warmup)]
+            _set_aside()
+            if replay and not baseline:
+                await idempotency_cpu._drive(app, keys, CONCURRENCY, counted.__getitem__)
+                await idempotency_cpu._drive(app, keys, CONCURRENCY, counted.__getitem__)
+            await idempotency_cpu._drive(app, warmup, CONCURRENCY, warm.__getitem__)
+            await idempotency_cpu._drive(app, requests, CONCURRENCY, counted.__getitem__)
         finally:
             await inbox.put({"type": "lifespan.shutdown"})
             await task
 
 
-def child(what: str, engine: str, requests: int, warmup: int) -> None:
-    """The requests of one count (``--child``): the target's, or its baseline's."""
+def child(what: str, engine: str, requests: int, warmup: int, prepared: int = 0) -> None:
+    """The requests of one count (``--child``): the target's, or its baseline's,
+    after `warmup` more; `prepared` requests are made (signed, encoded) first,
+    of which the first `requests` are sent."""
+    _commits_inline(engine)
     baseline = what.startswith(BASELINE)
     target = what.partition(":")[2] if baseline else what
     if target == "receive":
-        asyncio.run(_receive(engine, requests, warmup, baseline=baseline))
+        asyncio.run(_receive(engine, requests, warmup, prepared, baseline=baseline))
     else:
-        asyncio.run(_idempotency(target, engine, requests, warmup, baseline=baseline))
+        asyncio.run(_idempotency(target, engine, requests, warmup, prepared, baseline=baseline))
 
 
 # ---------------------------------------------------------------------------
@@ -247,8 +279,8 @@ def _export(revision: str, into: Path) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["--child"]:
-        what, engine, requests, warmup = argv[1:5]
-        child(what, engine, int(requests), int(warmup))
+        what, engine, *sizes = argv[1:6]
+        child(what, engine, *(int(n) for n in sizes))
         return 0
     args = parse_args(argv)
     valgrind = shutil.which(args.valgrind)
