@@ -746,16 +746,6 @@ def test_benchmark_ports_come_from_a_range_the_kernel_never_hands_out(
     assert second not in (first, skipped)
 
 
-@pytest.fixture
-def instructions(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import instructions
-
-    yield instructions
-    for name in ("instructions", "receive_ab", "receive", "_harness", "_load", "_prefill"):
-        sys.modules.pop(name, None)
-
-
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -767,17 +757,21 @@ def instructions(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     ],
 )
 def test_instructions_refuses_what_it_cannot_count(
-    instructions: ModuleType, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+    scripts: dict[str, ModuleType],
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    message: str,
 ) -> None:
     """PostgreSQL's work would be left out of the count, and a count at the
     same two sizes divides by zero: both are refused before anything runs."""
     with pytest.raises(SystemExit) as exit_info:
-        instructions.parse_args(argv)
+        scripts["instructions"].parse_args(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
 
 
-def test_instructions_reads_cachegrinds_total(instructions: ModuleType) -> None:
+def test_instructions_reads_cachegrinds_total(scripts: dict[str, ModuleType]) -> None:
+    instructions = scripts["instructions"]
     stderr = "==4107== \n==4107== I   refs:      2,285,608,228\n"
     assert instructions.instructions(stderr) == 2_285_608_228
     import _harness
@@ -809,7 +803,7 @@ def test_instructions_children_answer_every_request(what: str, engine: str) -> N
 
 
 def test_instructions_counts_more_for_onceonly_than_for_an_empty_answer(
-    instructions: ModuleType, capsys: pytest.CaptureFixture[str]
+    scripts: dict[str, ModuleType], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """End to end under valgrind, at the smallest counts: the receiver without
     a database still runs more instructions per delivery than a route that
@@ -819,7 +813,7 @@ def test_instructions_counts_more_for_onceonly_than_for_an_empty_answer(
         if os.environ.get("ONCEONLY_TEST_REQUIRE_VALGRIND") == "1":
             pytest.fail(f"valgrind is not installed (ONCEONLY_TEST_REQUIRE_VALGRIND=1); {install}")
         pytest.skip(f"valgrind is not installed: not run ({install})")
-    status = instructions.main(
+    status = scripts["instructions"].main(
         ["--engine", "nodb", "--low", "32", "--high", "96", "--warmup", "32"]
     )
     out = capsys.readouterr().out
