@@ -71,14 +71,21 @@ async def read_body(headers: Mapping[str, str], receive: Receive, limit: int) ->
         and (len(declared) > 18 or int(declared) > limit)
     ):
         raise BodyTooLarge(f"body of {declared[:20]} bytes is over the {limit}-byte limit")
-    return await _read(receive, limit)
+    message = await receive()
+    # Most bodies come in one message: taken here, without a second coroutine.
+    if message["type"] == "http.request" and not message.get("more_body", False):
+        body: bytes = message.get("body", b"")
+        if len(body) > limit:
+            raise BodyTooLarge(f"body is over the {limit}-byte limit")
+        return body
+    return await _read_rest(receive, limit, message)
 
 
-async def _read(receive: Receive, limit: int) -> bytes | None:
+async def _read_rest(receive: Receive, limit: int, message: Message) -> bytes | None:
+    """The body from `message` on, the first of several (or a disconnect)."""
     chunks: list[bytes] = []
     size = 0
     while True:
-        message = await receive()
         if message["type"] == "http.disconnect":
             return None
         chunk: bytes = message.get("body", b"")
@@ -87,7 +94,8 @@ async def _read(receive: Receive, limit: int) -> bytes | None:
             raise BodyTooLarge(f"body is over the {limit}-byte limit")
         chunks.append(chunk)
         if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            return b"".join(chunks)
+        message = await receive()
 
 
 async def send_response(

@@ -95,9 +95,10 @@ class IdempotencyMiddleware:
             **options,
         )
         # The request headers the middleware reads: when the scope is a
-        # by_header() scope, only these are decoded, not every header.
+        # by_header() scope, only these are decoded, not every header. Raw
+        # name to name: no header's name is decoded on a request.
         wanted = self.policy.wanted
-        self._wanted = None if wanted is None else frozenset(n.encode("latin-1") for n in wanted)
+        self._wanted = None if wanted is None else {n.encode("latin-1"): n for n in wanted}
 
     @property
     def records(self) -> GroupCommit[KeyClaim | Completion, ClaimOutcome | bool]:
@@ -141,14 +142,15 @@ class IdempotencyMiddleware:
 
     def _pick_headers(self, scope: Scope) -> dict[str, str]:
         """The headers in `_wanted`, by lower-case name; repeats joined with ", "."""
-        headers: dict[str, str] = {}
         wanted = self._wanted
         assert wanted is not None
+        headers: dict[str, str] = {}
         for raw_name, raw_value in scope["headers"]:
+            name = wanted.get(raw_name)
             # ASGI servers send lower-case names; lower() only for those that do not.
-            lowered = raw_name if raw_name in wanted else raw_name.lower()
-            if lowered in wanted:
-                name = lowered.decode("latin-1")
+            if name is None and not raw_name.islower():
+                name = wanted.get(raw_name.lower())
+            if name is not None:
                 value = raw_value.decode("latin-1")
                 headers[name] = f"{headers[name]}, {value}" if name in headers else value
         return headers

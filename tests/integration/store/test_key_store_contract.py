@@ -172,6 +172,25 @@ async def test_new_and_known_keys_mixed_in_batches_are_each_claimed_once(keys: K
         assert [(o.state, o.fence) for o in outcomes] == [("acquired", 1)] * 3
 
 
+async def test_a_new_key_twice_in_one_batch_is_claimed_by_the_first_only(
+    keys: KeyStore,
+) -> None:
+    # Every key of the batch is new (SQLite's quickest way), but one comes
+    # twice: its second claim sees the first's, in flight.
+    batch = [KeyClaim("c", "a", "fp-1"), KeyClaim("c", "b", "fp"), KeyClaim("c", "a", "fp-2")]
+    outcomes = await keys.claim(batch, now=NOW, lock_seconds=10, ttl=100)
+    assert [(o.state, o.fence, o.fingerprint) for o in outcomes] == [
+        ("acquired", 1, "fp-1"),
+        ("acquired", 1, "fp"),
+        ("running", 1, "fp-1"),
+    ]
+    # Completed, each replays what was stored for it.
+    done = [Completion("c", "a", 1, OK), Completion("c", "b", 1, CHUNKED)]
+    assert await keys.complete(done, now=NOW + 1) == [True, True]
+    replays = await keys.claim(batch[:2], now=NOW + 2, lock_seconds=10, ttl=100)
+    assert [(o.state, o.response) for o in replays] == [("done", OK), ("done", CHUNKED)]
+
+
 async def test_a_release_forgets_only_its_own_claim(keys: KeyStore) -> None:
     await claim(keys, "k")
     await keys.release("c", "k", 2)  # not the owner's fence: nothing happens

@@ -6,7 +6,13 @@ from typing import Any
 
 import pytest
 
-from onceonly.idempotency import IdempotencyMiddleware, InvalidKey, by_header, parse_key
+from onceonly.idempotency import (
+    IdempotencyMiddleware,
+    InvalidKey,
+    by_header,
+    fingerprint,
+    parse_key,
+)
 from onceonly.idempotency.keys import HeaderScope
 from onceonly.store.sqlite import SQLiteStore
 
@@ -99,3 +105,66 @@ def test_only_the_headers_that_matter_are_read_and_repeats_are_joined() -> None:
 def test_a_custom_scope_gets_every_header() -> None:
     mw = _middleware(scope=lambda headers: headers.get("x-tenant", "none"))
     assert mw._wanted is None  # it may read any header: none is filtered out
+
+
+# A fingerprint is stored with its key and compared on every retry: a release
+# that computed it differently would answer 422 to the retries of requests
+# made before the upgrade. These digests were taken from the release that
+# first stored them.
+@pytest.mark.parametrize(
+    ("request_parts", "digest"),
+    [
+        (
+            (
+                "POST",
+                "/orders",
+                b"a=1",
+                b'{"x":1}',
+                [("content-type", "application/json"), ("x-tenant", "t\xe9")],
+            ),
+            "95588503d3229c4127ffd9151cc71c26c6dff86bd0ed44839857f3fa70318df3",
+        ),
+        (
+            ("PATCH", "/caf\u00e9", b"", b"", []),
+            "1a7301bb575c796b2757523e349b1bf4ca3744632cb5a3924c7aeaade62610c4",
+        ),
+        (
+            ("POST", "/o", b"", b"\x00" * 70000, [("content-type", "")]),
+            "6ac2bcc08dd49ada66b2bc0087afdc0c57bacc71a29d4cfc14e8c096a1ff6a9b",
+        ),
+    ],
+    ids=["json-with-headers", "no-body-non-ascii-path", "large-body"],
+)
+def test_a_requests_fingerprint_does_not_change_between_releases(
+    request_parts: tuple[str, str, bytes, bytes, list[tuple[str, str]]], digest: str
+) -> None:
+    method, path, query, body, headers = request_parts
+    assert fingerprint(method, path, query, body, headers) == digest
+    # The middleware's own way to it (the header lines joined as it reads
+    # them) gives the same digest.
+    mw = _middleware(fingerprint_headers=[name for name, _ in headers])
+    assert mw.policy.fingerprint(method, path, query, body, dict(headers)) == digest
+
+
+def test_the_fingerprint_tells_apart_what_makes_requests_different() -> None:
+    base = ("POST", "/orders", b"", b"{}", [("content-type", "application/json")])
+    changed = [
+        ("PUT", *base[1:]),
+        (base[0], "/orders/", *base[2:]),
+        (*base[:2], b"x=1", *base[3:]),
+        (*base[:3], b"{ }", base[4]),
+        (*base[:4], [("content-type", "text/plain")]),
+        # The parts' lengths are hashed too: moving a byte from the path to the
+        # query is another request.
+        ("POST", "/order", b"s", b"{}", base[4]),
+    ]
+    digests = {fingerprint(*parts) for parts in [base, *changed]}
+    assert len(digests) == len(changed) + 1
+
+
+def test_header_names_without_letters_and_upper_case_ones_are_read_alike() -> None:
+    mw = _middleware(fingerprint_headers=("X-1",))
+    headers = mw._pick_headers(
+        {"headers": [(b"x-1", b"a"), (b"X-1", b"b"), (b"1-2", b"c"), (b"IDEMPOTENCY-KEY", b"k")]}
+    )
+    assert headers == {"x-1": "a, b", "idempotency-key": "k"}
