@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import logging
 import os
@@ -39,22 +38,6 @@ SWITCH_INTERVAL_S = 0.0002
 #: spawns: they inherit the environment, and uvicorn only takes an import
 #: string (:func:`serve_process_app`) as the app of several processes.
 PROCESS_SPEC_ENV = "_ONCEONLY_SERVE_PROCESS"
-
-
-def _freeze_startup_heap() -> None:
-    """Set what this process built to start (modules, the app, its settings)
-    aside from the garbage collector's full passes, once it is built.
-
-    A full pass walks every object that has survived so far; under load one
-    comes every few seconds and holds the event loop while it walks. In
-    process, 40,000 deliveries on SQLite met three of them, of 26-36 ms
-    each; with the start-up heap set aside, 1.2-1.5 ms (docs/benchmarks.md).
-    Garbage left from starting up is collected first; what is set aside is
-    still freed when nothing refers to it any more, only never walked.
-    """
-    gc.collect()
-    gc.freeze()
-
 
 SQLITE_ONE_PROCESS = (
     "--workers {n} needs PostgreSQL; this store is SQLite ({url}). SQLite allows one "
@@ -249,7 +232,6 @@ def serve(
     # (docs/benchmarks.md): the server used 57% of a core for 1,525
     # deliveries/s at the default, 95% for 2,502/s at 0.2 ms.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    _freeze_startup_heap()
 
     def run_server() -> None:
         uvicorn.run(server, **uvicorn_options)
@@ -280,7 +262,7 @@ def serve_process_app() -> ASGIApp:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         app = load(spec["app_spec"], spec["database_url"], **spec["changes"])
-        served = for_serve(app, app.asgi(), host=spec["host"], port=spec["port"])
+        return for_serve(app, app.asgi(), host=spec["host"], port=spec["port"])
     except Exception:
         # An error escaping here ends this process with status 1, which the
         # supervisor takes for a crash and answers with a replacement that
@@ -288,8 +270,6 @@ def serve_process_app() -> ASGIApp:
         # stops it instead (see .processes).
         logging.getLogger("onceonly.serve").exception("this serve process cannot start")
         sys.exit(STARTUP_FAILURE)
-    _freeze_startup_heap()
-    return served
 
 
 @click.command()
@@ -396,7 +376,6 @@ def run_worker(
     if metrics_port is not None:
         app.metrics.serve(metrics_port, metrics_host)
         errors.print(f"metrics at http://{metrics_host}:{metrics_port}/metrics")
-    _freeze_startup_heap()
     if until_idle is not None:
         runner.run_until_idle(until_idle)
     else:
