@@ -252,6 +252,10 @@ class CpuUse:
     postgres_cpu_s: float = 0.0  # PostgreSQL's processes (0 on the other targets)
     load_cpu_s: float = 0.0  # this script and its children: the load generator (wrk)
     idle_pct: float = 0.0  # the machine's idle time, % of all its CPUs
+    # The wall-clock times the meter ran between (time.time()): the
+    # measurement's window, for what the server logged meanwhile.
+    since: float = 0.0
+    until: float = 0.0
 
 
 class CpuMeter:
@@ -266,6 +270,7 @@ class CpuMeter:
 
     def __init__(self, server_pid: int) -> None:
         self.pid = server_pid
+        self.since = time.time()
         self.start = time.monotonic()
         self.machine = _machine_ticks()
         self.server = _tree_ticks(server_pid)[0]
@@ -289,7 +294,15 @@ class CpuMeter:
             postgres_cpu_s=postgres / CLOCK_TICKS,
             load_cpu_s=own / CLOCK_TICKS,
             idle_pct=round(100 - 100 * machine_busy / machine_total, 1),
+            since=self.since,
+            until=time.time(),
         )
+
+
+#: Put first on each server's PYTHONPATH: its sitecustomize logs the server's
+#: full garbage collections (see :meth:`Server.full_collections`).
+COLLECTIONS_PROBE = Path(__file__).resolve().parent / "collections_probe"
+COLLECTIONS_ENV = "ONCEONLY_BENCH_COLLECTIONS"
 
 
 @dataclass
@@ -298,6 +311,7 @@ class Server:
     proc: subprocess.Popen[bytes]
     port: int
     log_path: Path
+    collections_path: Path | None = None
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -305,6 +319,37 @@ class Server:
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+    def full_collections(self, since: float, until: float) -> list[float]:
+        """How long (ms) each full garbage collection held the server's
+        processes, of those that ended between the wall-clock times `since`
+        and `until`: each is a stall of its event loop."""
+        if self.collections_path is None:
+            return []
+        return read_collections(self.collections_path, since, until)
+
+
+def read_collections(path: Path, since: float, until: float) -> list[float]:
+    """The pauses (ms) logged in `path` by collections_probe, between `since`
+    and `until` (wall clock); none when the file does not exist."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    pauses = []
+    for line in lines:
+        ended, _pid, held_ms = line.split()
+        if since <= float(ended) <= until:
+            pauses.append(float(held_ms))
+    return pauses
+
+
+def describe_collections(pauses: Sequence[float]) -> str:
+    """`pauses` in a few words, for a report line."""
+    if not pauses:
+        return "no full collection"
+    noun = "collection" if len(pauses) == 1 else "collections"
+    return f"{len(pauses)} full {noun}, longest {max(pauses):.1f} ms"
 
 
 @contextmanager
@@ -320,9 +365,18 @@ def server(
     timeout: float = 30.0,
 ) -> Iterator[Server]:
     log_path = cwd / f"{name}.log"
+    collections_path = cwd / f"{name}.collections"
+    collections_path.unlink(missing_ok=True)
+    env = {
+        **env,
+        COLLECTIONS_ENV: str(collections_path),
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(COLLECTIONS_PROBE), env.get("PYTHONPATH")])
+        ),
+    }
     with log_path.open("wb") as log_file:
         proc = procs.start(argv, env=env, cwd=cwd, stdout=log_file, stderr=subprocess.STDOUT)
-    srv = Server(name, proc, port, log_path)
+    srv = Server(name, proc, port, log_path, collections_path)
     try:
         method, path, body = ready
         deadline = time.monotonic() + timeout

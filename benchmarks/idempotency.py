@@ -36,6 +36,12 @@ keeps every record as Python objects; the app freezes them out of the garbage
 collector's full passes (see idempotency_app.py), which a database's records
 never enter.
 
+Each target's notes give the garbage collector's full passes in its server
+while it was measured (benchmarks/collections_probe): each one holds the
+event loop, and every request in flight, for its whole length. `--gc-freeze`
+has every server, bare and wrapped, run gc.collect() and gc.freeze() once
+started, as docs/idempotency.md advises a server to do.
+
 `--engines memory-wait` is the same in-memory store with each group-commit
 batch first waiting --memory-wait-ms (default 2) on the event loop, with no
 CPU: a database's round trip with none of its work. Between memory and
@@ -132,6 +138,7 @@ from _harness import (
     add_run_options,
     add_wait_quiet,
     check_common,
+    describe_collections,
     dist_version,
     exit_on_signals,
     find_wrk,
@@ -342,6 +349,8 @@ class Settings:
     app: str = APPS[0]
     #: --engines memory-wait: how long each batch waits before it is applied.
     memory_wait_ms: float = 2.0
+    #: --gc-freeze: every server freezes its start-up heap (idempotency_app.py).
+    gc_freeze: bool = False
 
 
 @dataclass
@@ -536,6 +545,9 @@ class TargetResult:
     #: The middleware's group commit during the measurement (wrapped targets):
     #: what it carried and how long its batches were in flight.
     group_commit: GroupCommitUse | None = None
+    #: How long each full garbage collection in the server held its event
+    #: loop during the measurement (ms; _harness's collections probe).
+    full_collections_ms: list[float] = field(default_factory=list)
     row_checks: list[RowCheck] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -643,7 +655,9 @@ def result_from(
     run: WrkResult,
     warm: WrkResult | None,
     cpu: CpuUse,
+    collections: list[float] | None = None,
 ) -> TargetResult:
+    """A target's result from its runs, CPU and the server's full collections (ms)."""
     result = TargetResult(
         target=target,
         engine=engine,
@@ -664,7 +678,10 @@ def result_from(
         db_us_per_request=(
             per_request(cpu.postgres_cpu_s, run.requests) if engine == "postgres" else None
         ),
+        full_collections_ms=collections or [],
     )
+    if collections is not None:
+        result.notes.append(f"in the server while measured: {describe_collections(collections)}")
     if warning := foreign_load_warning(cpu.other_pct):
         result.warnings.append(warning)
     for phase, phase_run in (("warm-up", warm), ("measured", run)):
@@ -722,8 +739,12 @@ def sample_replays(port: int, tag: str, settings: Settings) -> list[str]:
     return problems
 
 
-def server_argv(port: int, target: str, database_url: str | None, app: str = APPS[0]) -> list[str]:
+def server_argv(
+    port: int, target: str, database_url: str | None, app: str = APPS[0], gc_freeze: bool = False
+) -> list[str]:
     argv = [sys.executable, str(APP), "--host", "127.0.0.1", "--port", str(port), "--app", app]
+    if gc_freeze:
+        argv.append("--gc-freeze")
     if database_url is not None:
         # --stats: the group commit's counters at GET STATS_PATH (a GET, which
         # the middleware passes through: no cost to the measured requests).
@@ -802,7 +823,7 @@ def measure(
     def wrk(tag: str, duration: int) -> WrkResult:
         return run_wrk(procs, settings, port, mode=mode, tag=tag, duration=duration)
 
-    argv = server_argv(port, target, database_url, settings.app)
+    argv = server_argv(port, target, database_url, settings.app, settings.gc_freeze)
     with server(procs, name, argv, port=port, env=env, cwd=workdir, ready=ready) as srv:
         log(f"[{name}] server pid {srv.proc.pid} on port {port}")
         warm: WrkResult | None = None
@@ -830,7 +851,7 @@ def measure(
         sampled = sample_replays(port, run_tag, settings) if cycle else []
     # The server has shut down gracefully: every request it took is stored.
 
-    result = result_from(target, engine, run, warm, cpu)
+    result = result_from(target, engine, run, warm, cpu, srv.full_collections(cpu.since, cpu.until))
     result.problems += problems + sampled
     if database_url is None:
         return result
@@ -900,6 +921,7 @@ def print_table(results: Sequence[TargetResult], settings: Settings, env: dict[s
         f"\nidempotency benchmark: wrk -t{settings.threads} -c{settings.connections} "
         f"-d{settings.duration}s after a {settings.warmup} s warm-up, {settings.rounds} "
         f"round(s); {settings.key_order} fresh keys; {settings.keys} keys "
+        f"{'; servers frozen after start-up (--gc-freeze)' if settings.gc_freeze else ''}"
         f"per thread for replays; {env['cpus']} CPUs; Python {env['python']}, "
         f"uvicorn {env['uvicorn']}, uvloop {env['uvloop']}, httptools {env['httptools']}, "
         f"starlette {env['starlette']}; {env['wrk']}"
@@ -1052,6 +1074,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "space as UUID4 keys are (each lands on another page of the key index)",
     )
     parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="every server, bare and wrapped, collects and freezes its start-up heap once "
+        "started (gc.freeze(), as docs/idempotency.md advises); the default leaves the "
+        "collector as a server has it",
+    )
+    parser.add_argument(
         "--engines",
         default=",".join(ENGINES),
         help="comma-separated subset of sqlite,postgres,memory,memory-wait (memory: fresh "
@@ -1188,6 +1217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         key_order=args.key_order,
         app=args.app,
         memory_wait_ms=args.memory_wait_ms,
+        gc_freeze=args.gc_freeze,
     )
     exit_on_signals()
 

@@ -28,7 +28,7 @@ serve``): one process, ``loop="auto"``/``http="auto"`` (uvloop and httptools
 when installed), access log off, lifespan on.
 
     python benchmarks/idempotency_app.py --port 8001 [--database-url URL] [--cache-bytes N]
-        [--app fastapi]
+        [--app fastapi] [--gc-freeze]
 """
 
 from __future__ import annotations
@@ -154,8 +154,25 @@ def _store_for(database_url: str | None) -> tuple[Store | None, float]:
     return create_store(database_url), 0.0
 
 
+async def _start(store: Store | None, *, gc_freeze: bool) -> None:
+    """The app's start-up: the store opened (its tables created before the
+    first request) and, with --gc-freeze, the heap frozen."""
+    if store is not None:
+        await store.open()
+    if gc_freeze:
+        # What docs/idempotency.md advises a server to do once its app is
+        # built; bare and wrapped alike.
+        gc.collect()
+        gc.freeze()
+
+
 def build(
-    database_url: str | None, cache_bytes: int, *, stats: bool = False, app_kind: str = APPS[0]
+    database_url: str | None,
+    cache_bytes: int,
+    *,
+    stats: bool = False,
+    app_kind: str = APPS[0],
+    gc_freeze: bool = False,
 ) -> ASGIApp:
     if app_kind not in APPS:
         raise ValueError(f"unknown app {app_kind!r}: use one of {', '.join(APPS)}")
@@ -165,10 +182,10 @@ def build(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await _start(store, gc_freeze=gc_freeze)
         if store is None:
             yield
             return
-        await store.open()  # create the tables before the first request
         # With the in-memory store and the collector left alone, p99 went from
         # 4 ms to 39-109 ms and requests/s fell by 11-14% (wrk, 8 s runs): full
         # collections walking the store's records, which a database keeps
@@ -262,13 +279,25 @@ def main() -> None:
         help=f"print the group commit's batch sizes at shutdown, and serve its counters"
         f" at GET {STATS_PATH}",
     )
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="once started, collect and move what exists out of the garbage collector's "
+        "full passes (gc.freeze()), as docs/idempotency.md advises",
+    )
     args = parser.parse_args()
 
     import uvicorn
 
     # The same keyword arguments as bare_app.py and onceonly.cli.serve.
     uvicorn.run(
-        build(args.database_url, args.cache_bytes, stats=args.stats, app_kind=args.app),
+        build(
+            args.database_url,
+            args.cache_bytes,
+            stats=args.stats,
+            app_kind=args.app,
+            gc_freeze=args.gc_freeze,
+        ),
         host=args.host,
         port=args.port,
         log_level=args.log_level,

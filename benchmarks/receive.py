@@ -60,6 +60,9 @@ process means the event loop is the limit) and the CPU used by anything outside
 the benchmark (% of the machine). Before each measurement the script waits
 (--wait-quiet) for the machine to be nearly idle; foreign load above 10%
 during a measurement is reported as a warning: the figures are then unreliable.
+A `collections` line per target gives the garbage collector's full passes in
+the server while it was measured (benchmarks/collections_probe): each one holds
+the event loop, and every delivery in flight, for its whole length.
 
 The project's goal (2-core machine, 32 connections): onceonly >= 50% of the
 lean endpoint's requests/s on SQLite and on PostgreSQL, with p99 <= 25 ms. It
@@ -112,6 +115,7 @@ from _harness import (
     add_run_options,
     add_wait_quiet,
     check_common,
+    describe_collections,
     dist_version,
     exit_on_signals,
     find_wrk,
@@ -369,6 +373,9 @@ class TargetResult:
     db_us_per_request: float | None = None
     load_us_per_request: float | None = None
     idle_pct: float | None = None  # the machine's idle time, % of all its CPUs
+    # How long each full garbage collection in the server held its event loop
+    # during the measurement (ms; _harness's collections probe).
+    full_collections_ms: list[float] = field(default_factory=list)
     # lean's second run at this connection count, after the other targets.
     again: bool = False
     # lean's requests/s at this connection count, each run (two unless
@@ -547,6 +554,7 @@ def measure(
         ),
         load_us_per_request=per_request(cpu.load_cpu_s, run.requests),
         idle_pct=cpu.idle_pct,
+        full_collections_ms=srv.full_collections(cpu.since, cpu.until),
         again=again,
     )
     if workers > 1 and cpu.server_processes <= workers:
@@ -799,6 +807,11 @@ def print_table(
         print(line)
     for line in budget_lines(results):
         print(line)
+    for r in results:
+        print(
+            f"collections {r.name} c{r.connections}: in the server while measured, "
+            f"{describe_collections(r.full_collections_ms)}"
+        )
     print(
         "vs lean, vs bare: requests/s against that baseline at the same connection count "
         "(lean: the mean of its runs there)"

@@ -827,3 +827,109 @@ def test_instructions_counts_more_for_onceonly_than_for_an_empty_answer(
     assert base[0] > 0
     assert ours[0] > base[0]
     assert ours[1] == pytest.approx(ours[0] / base[0], abs=0.001)
+
+
+# A server that answers GET /healthz and, on POST, runs two full collections.
+_COLLECTING_SERVER = """
+import gc, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class Handler(BaseHTTPRequestHandler):
+    def answer(self):
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def do_GET(self):
+        self.answer()
+
+    def do_POST(self):
+        gc.collect()
+        gc.collect()
+        self.answer()
+
+    def log_message(self, *args):
+        pass
+
+HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+def test_a_servers_full_collections_are_logged_and_read_by_their_window(
+    scripts: dict[str, ModuleType], tmp_path: Path
+) -> None:
+    """Every server the wrk benchmarks start carries the collections probe
+    (benchmarks/collections_probe): the full collections it ran while
+    measured are what the scripts report as stalls."""
+    import time
+
+    import _harness
+
+    port = _harness.free_port()
+    procs = _harness.Processes()
+    argv = [sys.executable, "-c", _COLLECTING_SERVER, str(port)]
+    env = {k: v for k, v in os.environ.items() if k != _harness.COLLECTIONS_ENV}
+    try:
+        with _harness.server(
+            procs, "probe", argv, port=port, env=env, cwd=tmp_path, ready=("GET", "/", None)
+        ) as srv:
+            since = time.time()
+            assert _harness.http_status(port, "POST", "/", b"") == 200
+            until = time.time()
+            pauses = srv.full_collections(since, until)
+            later = srv.full_collections(until, until + 3600)
+    finally:
+        procs.stop_all()
+    assert len(pauses) == 2
+    assert all(0 <= held < 5000 for held in pauses)
+    assert later == []
+    assert _harness.describe_collections(pauses).startswith("2 full collections, longest ")
+    assert _harness.describe_collections([]) == "no full collection"
+
+
+def test_the_collections_probe_does_nothing_unless_asked(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "ONCEONLY_BENCH_COLLECTIONS"}
+    env["PYTHONPATH"] = str(BENCHMARKS / "collections_probe")
+    code = "import gc, sys; gc.collect(); print(sys.modules['sitecustomize'].__file__)"
+    ran = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "collections_probe" in ran.stdout  # it was imported, and wrote nothing
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("database_url", [None, "memory://"], ids=["bare", "wrapped"])
+def test_idempotency_gc_freeze_freezes_every_server_once_started(
+    monkeypatch: pytest.MonkeyPatch, database_url: str | None
+) -> None:
+    """--gc-freeze: each server, bare and wrapped alike, freezes its heap once
+    its start-up has run (what docs/idempotency.md advises); without it, the
+    collector is left as a server has it."""
+    import asyncio
+    import gc
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import idempotency
+    import idempotency_app
+    import idempotency_cpu
+
+    async def frozen_after_start(gc_freeze: bool) -> int:
+        app = idempotency_app.build(database_url, 1024, gc_freeze=gc_freeze)
+        task, inbox = await idempotency_cpu._lifespan(app)
+        count = gc.get_freeze_count()
+        await inbox.put({"type": "lifespan.shutdown"})
+        await task
+        return count
+
+    gc.unfreeze()
+    try:
+        assert asyncio.run(frozen_after_start(False)) == 0
+        assert asyncio.run(frozen_after_start(True)) > 1000
+        for target, url in (("fresh", "sqlite:///x.db"), ("bare", None)):
+            assert "--gc-freeze" in idempotency.server_argv(1, target, url, gc_freeze=True)
+        assert "--gc-freeze" not in idempotency.server_argv(1, "bare", None)
+    finally:
+        gc.unfreeze()
+        for name in ("idempotency_cpu", "idempotency", "idempotency_app", "_harness"):
+            sys.modules.pop(name, None)
