@@ -76,11 +76,24 @@ class Window:
     p99_ms: float
     max_ms: float
     longest_stall_ms: float
+    # How long each full garbage collection in the server held its event loop
+    # in this window (ms; _harness's collections probe): one cause of a stall.
+    full_collections_ms: list[float] = field(default_factory=list)
 
 
-def window(name: str, run: _load.LoadRun, start: float, end: float) -> Window:
+def window(
+    name: str,
+    run: _load.LoadRun,
+    start: float,
+    end: float,
+    srv: _harness.Server | None = None,
+) -> Window:
+    """The samples due between `start` and `end` (perf_counter), and the
+    server's full collections that ended meanwhile."""
     inside = [s for s in run.samples if start <= s.due < end]
     latencies = [s.latency * 1000 for s in inside]
+    # The probe logs wall-clock times: this window's, on that clock.
+    to_wall = time.time() - time.perf_counter()
     return Window(
         name=name,
         seconds=round(end - start, 3),
@@ -89,6 +102,9 @@ def window(name: str, run: _load.LoadRun, start: float, end: float) -> Window:
         p99_ms=round(_load.percentile(latencies, 99), 2),
         max_ms=round(max(latencies, default=0.0), 2),
         longest_stall_ms=round(_load.longest_gap(run.samples, start, end) * 1000, 2),
+        full_collections_ms=(
+            srv.full_collections(start + to_wall, end + to_wall) if srv is not None else []
+        ),
     )
 
 
@@ -224,9 +240,9 @@ class Run(Workspace):
             payloads_dropped=dropped,
             expected_dropped=expected,
             windows=[
-                window("before purge", run, run.started, p0),
-                window("during purge", run, p0, p1),
-                window("after purge", run, p1, run.ended),
+                window("before purge", run, run.started, p0, srv),
+                window("during purge", run, p0, p1, srv),
+                window("after purge", run, p1, run.ended, srv),
             ],
             other_cpu_pct=cpu.other_pct,
             problems=problems,
@@ -285,13 +301,14 @@ def print_report(r: Result, env: dict[str, Any]) -> None:
         f"(expected {r.expected_dropped})"
     )
     header = f"{'window':<14}{'seconds':>8}{'requests':>9}{'p50 ms':>8}{'p99 ms':>8}"
-    header += f"{'max ms':>8}{'stall ms':>9}"
+    header += f"{'max ms':>8}{'stall ms':>9}  full collections"
     print(header)
     print("-" * len(header))
     for w in r.windows:
         print(
             f"{w.name:<14}{w.seconds:>8.1f}{w.requests:>9}{w.p50_ms:>8.2f}{w.p99_ms:>8.2f}"
-            f"{w.max_ms:>8.2f}{w.longest_stall_ms:>9.2f}"
+            f"{w.max_ms:>8.2f}{w.longest_stall_ms:>9.2f}  "
+            f"{_harness.describe_collections(w.full_collections_ms)}"
         )
     verdict = "met" if r.goal_met() else "MISSED"
     print(f"goal: no stall over {GOAL_STALL_MS:g} ms during the purge: {verdict}")

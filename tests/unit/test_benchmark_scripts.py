@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -933,3 +933,41 @@ def test_idempotency_gc_freeze_freezes_every_server_once_started(
         gc.unfreeze()
         for name in ("idempotency_cpu", "idempotency", "idempotency_app", "_harness"):
             sys.modules.pop(name, None)
+
+
+def test_purge_stall_puts_each_full_collection_in_its_window(
+    scripts: dict[str, ModuleType], tmp_path: Path
+) -> None:
+    """purge_stall.py's windows are on perf_counter and the probe logs wall
+    time: a full collection logged in the middle of the purge is counted in
+    "during purge", not before or after it."""
+    import time
+
+    import _harness
+
+    purge_stall, load = scripts["purge_stall"], scripts["_load"]
+    start = time.perf_counter()
+    run = load.LoadRun(
+        samples=[load.Sample(start + t, start + t + 0.001, 200) for t in (0.0, 1.0, 2.0, 2.9)],
+        started=start,
+        ended=start + 3.0,
+    )
+    to_wall = time.time() - time.perf_counter()
+    log = tmp_path / "probe.collections"
+    log.write_text(
+        f"{start + to_wall + 0.5:.6f} 1 7.5\n"  # before the purge
+        f"{start + to_wall + 1.5:.6f} 1 42.0\n"  # during it
+        f"{start + to_wall + 1.6:.6f} 2 3.0\n"  # during it, another process
+    )
+    no_process = cast("subprocess.Popen[bytes]", None)  # only its log is read here
+    srv = _harness.Server("probe", no_process, 0, tmp_path / "probe.log", log)
+    windows = [
+        purge_stall.window(name, run, a, b, srv)
+        for name, a, b in (
+            ("before purge", start, start + 1.0),
+            ("during purge", start + 1.0, start + 2.0),
+            ("after purge", start + 2.0, start + 3.0),
+        )
+    ]
+    assert [w.full_collections_ms for w in windows] == [[7.5], [42.0, 3.0], []]
+    assert purge_stall.window("no server", run, start, start + 3.0).full_collections_ms == []
