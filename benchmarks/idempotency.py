@@ -921,8 +921,9 @@ def print_table(results: Sequence[TargetResult], settings: Settings, env: dict[s
         f"\nidempotency benchmark: wrk -t{settings.threads} -c{settings.connections} "
         f"-d{settings.duration}s after a {settings.warmup} s warm-up, {settings.rounds} "
         f"round(s); {settings.key_order} fresh keys; {settings.keys} keys "
+        f"per thread for replays"
         f"{'; servers frozen after start-up (--gc-freeze)' if settings.gc_freeze else ''}"
-        f"per thread for replays; {env['cpus']} CPUs; Python {env['python']}, "
+        f"; {env['cpus']} CPUs; Python {env['python']}, "
         f"uvicorn {env['uvicorn']}, uvloop {env['uvloop']}, httptools {env['httptools']}, "
         f"starlette {env['starlette']}; {env['wrk']}"
     )

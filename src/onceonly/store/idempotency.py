@@ -220,6 +220,10 @@ def answers(
 ) -> list[ClaimOutcome]:
     """Each claim's outcome, in order: `won` maps the keys claimed to their
     fence, `existing` the others to what their record said."""
+    if len(won) == len(claims):
+        # Every claim won, none repeated within the batch (a batch of fresh
+        # keys, the common case): nothing to tell apart.
+        return [ClaimOutcome("acquired", won[(c.scope, c.key)], c.fingerprint) for c in claims]
     outcomes = []
     answered: set[tuple[str, str]] = set()
     for c in claims:

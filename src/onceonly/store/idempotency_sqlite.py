@@ -34,7 +34,6 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import StoreError
-from ..jsontext import dumps
 from .idempotency import (
     CHUNKS,
     KEYS,
@@ -166,10 +165,7 @@ class SQLiteKeyStore(KeyStore):
         if claims:
             first = first_claims(claims)
             claimed = self._claim_new(cursor, first, now, lock_seconds, ttl)
-            if claimed is not None and len(first) == len(claims):
-                # Every key new and none repeated in the batch: each claim won.
-                outcomes = [ClaimOutcome("acquired", 1, c.fingerprint) for c in claims]
-            elif claimed is not None:
+            if claimed is not None:
                 outcomes = answers(claims, first, claimed, {})
             else:
                 outcomes = self._claim_all(cursor, claims, first, now, lock_seconds, ttl)
@@ -269,7 +265,7 @@ class SQLiteKeyStore(KeyStore):
         cursor: sqlite3.Cursor, completions: Sequence[Completion], now: float
     ) -> list[bool]:
         rows = [
-            (r.status, dumps(r.headers), r.body, 1 if r.body is None else 0, now, scope, key, fence)
+            (r.status, r.headers_json(), r.body, int(r.chunked), now, scope, key, fence)
             for scope, key, fence, r in completions
         ]
         if cursor.executemany(_COMPLETE_ONE, rows).rowcount == len(rows):
