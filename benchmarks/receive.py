@@ -64,6 +64,18 @@ A `collections` line per target gives the garbage collector's full passes in
 the server while it was measured (benchmarks/collections_probe): each one holds
 the event loop, and every delivery in flight, for its whole length.
 
+PostgreSQL makes a new WAL segment (16 MB of zeros, written and fsynced while
+every commit waits) whenever its log needs one and no recycled one is ready:
+on a new cluster, or under a load above any it met. Each held this VM's
+commits for 70-175 ms, so a cold log put the p99 at 54 ms where a warm one
+gave 6.3 ms (benchmarks/_wal.py). A server under a steady load writes into
+recycled segments; so, by default, between the warm-up and the measurement
+the script readies the WAL the measurement will need (the warm-up's rate,
+plus a quarter): it writes that much into a scratch table, drops it and runs
+CHECKPOINT. A `wal` line per postgres target says what was written while
+measured, what was ready, what was primed and how many segments the server
+still made; --no-wal-prime measures a cold log as it is.
+
 The project's goal (2-core machine, 32 connections): onceonly >= 50% of the
 lean endpoint's requests/s on SQLite and on PostgreSQL, with p99 <= 25 ms. It
 is checked on the 32-connection measurements (not at all without 32 in
@@ -99,7 +111,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -130,6 +142,7 @@ from _harness import (
     wait_for_quiet,
     wrk_version,
 )
+from _wal import WalReport, Watch
 
 HERE = Path(__file__).resolve().parent
 LUA_SCRIPT = HERE / "receive.lua"
@@ -376,6 +389,8 @@ class TargetResult:
     # How long each full garbage collection in the server held its event loop
     # during the measurement (ms; _harness's collections probe).
     full_collections_ms: list[float] = field(default_factory=list)
+    # PostgreSQL's write-ahead log while measured (postgres only): benchmarks/_wal.py.
+    wal: WalReport | None = None
     # lean's second run at this connection count, after the other targets.
     again: bool = False
     # lean's requests/s at this connection count, each run (two unless
@@ -452,6 +467,7 @@ class Settings:
     pg_admin_url: str
     pg_database: str
     wait_quiet: int
+    wal_prime: bool = True
 
 
 def server_command(
@@ -476,6 +492,26 @@ def server_command(
         assert database_url is not None
         env["ONCEONLY_DATABASE_URL"] = database_url
     return argv, env, ("GET", "/healthz", None)
+
+
+def warm_up(
+    name: str,
+    settings: Settings,
+    wrk: Callable[[str, int], WrkResult],
+    wal: Watch | None,
+) -> WrkResult | None:
+    """The warm-up, if any; then, on PostgreSQL, the WAL readied for the
+    measurement by the warm-up's rate."""
+    warm: WrkResult | None = None
+    if settings.warmup:
+        log(f"[{name}] warm-up {settings.warmup} s")
+        if wal is not None:
+            wal.warm_up_starts()
+        warm = wrk("warm-up", settings.warmup)
+    if wal is not None:
+        log(f"[{name}] readying the WAL")
+        wal.measurement_starts(warm.duration_s if warm else 0.0, settings.duration)
+    return warm
 
 
 def measure(
@@ -514,16 +550,19 @@ def measure(
             threads=settings.threads,
         )
 
+    wal = (
+        Watch(database_url, priming=settings.wal_prime)
+        if target == "postgres" and database_url is not None
+        else None
+    )
     with server(procs, name, argv, port=port, env=env, cwd=workdir, ready=ready) as srv:
         log(f"[{name}] server pid {srv.proc.pid} on port {port}")
-        warm: WrkResult | None = None
-        if settings.warmup:
-            log(f"[{name}] warm-up {settings.warmup} s")
-            warm = wrk("warm-up", settings.warmup)
+        warm = warm_up(name, settings, wrk, wal)
         log(f"[{name}] measuring {settings.duration} s")
         meter = CpuMeter(srv.proc.pid)
         run = wrk("measured", settings.duration)
         cpu = meter.stop()
+        wal_report = wal.measurement_ends() if wal is not None else None
         if srv.proc.poll() is not None:
             raise BenchmarkError(f"{name} server died during the run:\n{srv.log_tail()}")
     # The server has shut down gracefully: every event it took is committed.
@@ -555,8 +594,11 @@ def measure(
         load_us_per_request=per_request(cpu.load_cpu_s, run.requests),
         idle_pct=cpu.idle_pct,
         full_collections_ms=srv.full_collections(cpu.since, cpu.until),
+        wal=wal_report,
         again=again,
     )
+    if wal_report is not None and (warning := wal_report.warning()):
+        result.warnings.append(warning)
     if workers > 1 and cpu.server_processes <= workers:
         result.warnings.append(
             f"{cpu.server_processes} server process(es) at the end of the measurement, "
@@ -812,6 +854,9 @@ def print_table(
             f"collections {r.name} c{r.connections}: in the server while measured, "
             f"{describe_collections(r.full_collections_ms)}"
         )
+    for r in results:
+        if r.wal is not None:
+            print(f"wal {r.name} c{r.connections}: {r.wal.describe()}")
     print(
         "vs lean, vs bare: requests/s against that baseline at the same connection count "
         "(lean: the mean of its runs there)"
@@ -906,6 +951,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="database dropped and created for each measurement",
     )
     add_wait_quiet(parser)
+    parser.add_argument(
+        "--wal-prime",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="before measuring postgres, ready the WAL segments the measurement will "
+        "need (a scratch table's inserts, then CHECKPOINT), as a steady load would; "
+        "--no-wal-prime: measure with the log as it is, new segments made mid-run",
+    )
     parser.add_argument(
         "--lean-once",
         action="store_true",
@@ -1069,6 +1122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pg_admin_url=args.pg_admin_url,
         pg_database=args.pg_database,
         wait_quiet=args.wait_quiet,
+        wal_prime=args.wal_prime,
     )
     exit_on_signals()
 

@@ -164,6 +164,8 @@ def test_receive_options(scripts: dict[str, ModuleType]) -> None:
     assert args.targets == ["lean", "bare", "sqlite", "postgres"]
     assert (args.workers, args.json, args.notes) == (1, None, [])
     assert (args.lean_once, parse(["--lean-once"]).lean_once) == (False, True)
+    # PostgreSQL's WAL is readied before measuring unless asked not to.
+    assert (args.wal_prime, parse(["--no-wal-prime"]).wal_prime) == (True, False)
     assert parse(["--connections", "32,8,32", "--targets", "postgres,lean"]).connections == [
         32,
         8,
@@ -971,3 +973,34 @@ def test_purge_stall_puts_each_full_collection_in_its_window(
     ]
     assert [w.full_collections_ms for w in windows] == [[7.5], [42.0, 3.0], []]
     assert purge_stall.window("no server", run, start, start + 3.0).full_collections_ms == []
+
+
+def test_wal_report_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import _wal
+
+    made = _wal.WalReport(
+        written_bytes=240_000_000,
+        segments_made=3,
+        ready_bytes=16_777_216,
+        priming="not primed (--no-wal-prime)",
+    )
+    assert made.describe() == (
+        "240 MB written while measured, 17 MB of segments ready before; 3 new segment(s) "
+        "made meanwhile, each written and fsynced while commits waited; "
+        "not primed (--no-wal-prime)"
+    )
+    assert made.warning() == (
+        "PostgreSQL made 3 new WAL segment(s) while measured: commits waited for each, "
+        "and the tail latency shows it (see --no-wal-prime)"
+    )
+    warm = _wal.WalReport(written_bytes=150_000_000, segments_made=0, ready_bytes=10**9)
+    assert warm.describe() == (
+        "150 MB written while measured, 1,000 MB of segments ready before; no new segment made"
+    )
+    assert warm.warning() is None
+    refused = _wal.WalReport(unknown="InsufficientPrivilegeError: permission denied")
+    assert refused.describe() == "not known (InsufficientPrivilegeError: permission denied)"
+    # The WAL a measurement will write: the warm-up's rate over its length, and a quarter.
+    assert _wal.needed_for(20_000_000, 2.0, 8.0) == 100_000_000
+    assert _wal.needed_for(20_000_000, 0.0, 8.0) == 0

