@@ -148,3 +148,15 @@ def test_a_role_that_may_not_look_gets_not_known(
     assert report.warning() is None
     with pytest.raises(wal.WalUnknown, match="pg_ls_waldir"):
         wal.prime(url, MB)
+
+
+def test_prime_writes_no_more_than_max_wal_size(
+    wal: ModuleType, cluster: pgcluster.Cluster
+) -> None:
+    # 256 MB is all the checkpoints of this server keep: a gigabyte asked for
+    # is primed up to that, and the report says why no more is ready.
+    primed = wal.prime(cluster.url(), 1024 * MB)
+    assert primed.before.max_wal_bytes == 256 * MB
+    assert 256 * MB <= primed.written < 320 * MB
+    assert primed.after.ready_bytes < 1024 * MB
+    assert primed.describe().endswith("(max_wal_size keeps no more)")

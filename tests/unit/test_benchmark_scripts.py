@@ -992,7 +992,7 @@ def test_wal_report_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert made.warning() == (
         "PostgreSQL made 3 new WAL segment(s) while measured: commits waited for each, "
-        "and the tail latency shows it (see --no-wal-prime)"
+        "and the tail latency shows it"
     )
     warm = _wal.WalReport(written_bytes=150_000_000, segments_made=0, ready_bytes=10**9)
     assert warm.describe() == (
