@@ -229,9 +229,10 @@ class Watch:
     """The WAL around one benchmark measurement: read before the warm-up,
     primed (if asked) between the warm-up and the measurement, read again at
     its end. Whatever the server refuses leaves the report "not known",
-    never the benchmark stopped."""
+    never the benchmark stopped. With no `url` (a target that is not on
+    PostgreSQL) it does nothing and reports nothing."""
 
-    def __init__(self, url: str, *, priming: bool) -> None:
+    def __init__(self, url: str | None, *, priming: bool) -> None:
         self.url = url
         self.priming = priming
         self.report = WalReport()
@@ -239,7 +240,7 @@ class Watch:
         self._before: WalState | None = None
 
     def _read(self) -> WalState | None:
-        if self.report.unknown is not None:
+        if self.url is None or self.report.unknown is not None:
             return None
         try:
             return wal_state(self.url)
@@ -251,6 +252,8 @@ class Watch:
         self._start = self._read()
 
     def measurement_starts(self, warmed_up_s: float, duration_s: float) -> None:
+        if self.url is None:
+            return
         start = self._start
         if start is None:
             self.report.priming = "not primed: no warm-up to size it by" if self.priming else None
@@ -268,7 +271,9 @@ class Watch:
         if self._before is not None:
             self.report.ready_bytes = self._before.ready_bytes
 
-    def measurement_ends(self) -> WalReport:
+    def measurement_ends(self) -> WalReport | None:
+        if self.url is None:
+            return None
         after = self._read()
         if self._before is not None and after is not None:
             self.report.written_bytes = after.lsn - self._before.lsn

@@ -42,6 +42,12 @@ event loop, and every request in flight, for its whole length. `--gc-freeze`
 has every server, bare and wrapped, run gc.collect() and gc.freeze() once
 started, as docs/idempotency.md advises a server to do.
 
+On PostgreSQL, each target's notes also say what its measurement wrote to the
+write-ahead log and whether the server had to make new segment files for it
+(each one held every commit; benchmarks/_wal.py). As in receive.py, the
+segments the measurement will need are readied after the warm-up unless
+--no-wal-prime.
+
 `--engines memory-wait` is the same in-memory store with each group-commit
 batch first waiting --memory-wait-ms (default 2) on the event loop, with no
 CPU: a database's round trip with none of its work. Between memory and
@@ -153,6 +159,7 @@ from _harness import (
     wait_for_quiet,
     wrk_version,
 )
+from _wal import WalReport, Watch
 from idempotency_app import APPS, MEMORY, STATS_PATH, add_app_option, is_memory
 
 HERE = Path(__file__).resolve().parent
@@ -351,6 +358,8 @@ class Settings:
     memory_wait_ms: float = 2.0
     #: --gc-freeze: every server freezes its start-up heap (idempotency_app.py).
     gc_freeze: bool = False
+    #: Ready PostgreSQL's WAL segments before measuring (benchmarks/_wal.py).
+    wal_prime: bool = True
 
 
 @dataclass
@@ -548,6 +557,8 @@ class TargetResult:
     #: How long each full garbage collection in the server held its event
     #: loop during the measurement (ms; _harness's collections probe).
     full_collections_ms: list[float] = field(default_factory=list)
+    #: PostgreSQL's write-ahead log while measured (benchmarks/_wal.py).
+    wal: WalReport | None = None
     row_checks: list[RowCheck] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -656,8 +667,10 @@ def result_from(
     warm: WrkResult | None,
     cpu: CpuUse,
     collections: list[float] | None = None,
+    wal: WalReport | None = None,
 ) -> TargetResult:
-    """A target's result from its runs, CPU and the server's full collections (ms)."""
+    """A target's result from its runs, CPU, the server's full collections (ms)
+    and, on PostgreSQL, its write-ahead log while measured."""
     result = TargetResult(
         target=target,
         engine=engine,
@@ -679,9 +692,14 @@ def result_from(
             per_request(cpu.postgres_cpu_s, run.requests) if engine == "postgres" else None
         ),
         full_collections_ms=collections or [],
+        wal=wal,
     )
     if collections is not None:
         result.notes.append(f"in the server while measured: {describe_collections(collections)}")
+    if wal is not None:
+        result.notes.append(f"wal: {wal.describe()}")
+        if warning := wal.warning():
+            result.warnings.append(warning)
     if warning := foreign_load_warning(cpu.other_pct):
         result.warnings.append(warning)
     for phase, phase_run in (("warm-up", warm), ("measured", run)):
@@ -799,6 +817,29 @@ def check_replays(
     )
 
 
+def wal_watch(database_url: str | None, settings: Settings) -> Watch:
+    """The WAL around a measurement on PostgreSQL; a no-op elsewhere."""
+    if database_url is None or not database_url.startswith(("postgresql", "postgres:")):
+        return Watch(None, priming=False)
+    return Watch(_pg_url(database_url), priming=settings.wal_prime)
+
+
+def warm_up(
+    name: str,
+    settings: Settings,
+    cycle: bool,
+    wrk: Callable[[int], WrkResult],
+    wal: Watch,
+) -> WrkResult | None:
+    """The warm-up, if any (always for replays: it creates their keys)."""
+    if not (settings.warmup or cycle):
+        return None
+    seconds = max(settings.warmup, 1)
+    log(f"[{name}] warm-up {seconds} s" + (" (creates the keys)" if cycle else ""))
+    wal.warm_up_starts()
+    return wrk(seconds)
+
+
 def measure(
     procs: Processes,
     settings: Settings,
@@ -824,22 +865,21 @@ def measure(
         return run_wrk(procs, settings, port, mode=mode, tag=tag, duration=duration)
 
     argv = server_argv(port, target, database_url, settings.app, settings.gc_freeze)
+    wal = wal_watch(database_url, settings)
     with server(procs, name, argv, port=port, env=env, cwd=workdir, ready=ready) as srv:
         log(f"[{name}] server pid {srv.proc.pid} on port {port}")
-        warm: WrkResult | None = None
-        if settings.warmup or cycle:
-            seconds = max(settings.warmup, 1)
-            log(f"[{name}] warm-up {seconds} s" + (" (creates the keys)" if cycle else ""))
-            warm = wrk(warm_tag, seconds)
+        warm = warm_up(name, settings, cycle, lambda seconds: wrk(warm_tag, seconds), wal)
         if cycle and database_url is not None and warm is not None:
             before, problems = create_keys(
                 name, database_url, run_tag, expected, warm, lambda: wrk(warm_tag, 1)
             )
+        wal.measurement_starts(warm.duration_s if warm else 0.0, settings.duration)
         log(f"[{name}] measuring {settings.duration} s")
         counters = group_commit_counters(port) if database_url is not None else None
         meter = CpuMeter(srv.proc.pid)
         run = wrk(run_tag, settings.duration)
         cpu = meter.stop()
+        wal_report = wal.measurement_ends()
         if srv.proc.poll() is not None:
             raise BenchmarkError(f"{name} server died during the run:\n{srv.log_tail()}")
         # Read before the sampled replays, whose requests are not measured.
@@ -851,7 +891,8 @@ def measure(
         sampled = sample_replays(port, run_tag, settings) if cycle else []
     # The server has shut down gracefully: every request it took is stored.
 
-    result = result_from(target, engine, run, warm, cpu, srv.full_collections(cpu.since, cpu.until))
+    collections = srv.full_collections(cpu.since, cpu.until)
+    result = result_from(target, engine, run, warm, cpu, collections, wal_report)
     result.problems += problems + sampled
     if database_url is None:
         return result
@@ -1082,6 +1123,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "collector as a server has it",
     )
     parser.add_argument(
+        "--wal-prime",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="before measuring on PostgreSQL, ready the WAL segments the measurement will "
+        "need (a scratch table's inserts, then CHECKPOINT), as a steady load would; "
+        "--no-wal-prime: measure with the log as it is",
+    )
+    parser.add_argument(
         "--engines",
         default=",".join(ENGINES),
         help="comma-separated subset of sqlite,postgres,memory,memory-wait (memory: fresh "
@@ -1219,6 +1268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         app=args.app,
         memory_wait_ms=args.memory_wait_ms,
         gc_freeze=args.gc_freeze,
+        wal_prime=args.wal_prime,
     )
     exit_on_signals()
 

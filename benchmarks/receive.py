@@ -498,19 +498,18 @@ def warm_up(
     name: str,
     settings: Settings,
     wrk: Callable[[str, int], WrkResult],
-    wal: Watch | None,
+    wal: Watch,
 ) -> WrkResult | None:
     """The warm-up, if any; then, on PostgreSQL, the WAL readied for the
     measurement by the warm-up's rate."""
     warm: WrkResult | None = None
     if settings.warmup:
         log(f"[{name}] warm-up {settings.warmup} s")
-        if wal is not None:
-            wal.warm_up_starts()
+        wal.warm_up_starts()
         warm = wrk("warm-up", settings.warmup)
-    if wal is not None:
+    if wal.url is not None:
         log(f"[{name}] readying the WAL")
-        wal.measurement_starts(warm.duration_s if warm else 0.0, settings.duration)
+    wal.measurement_starts(warm.duration_s if warm else 0.0, settings.duration)
     return warm
 
 
@@ -550,11 +549,7 @@ def measure(
             threads=settings.threads,
         )
 
-    wal = (
-        Watch(database_url, priming=settings.wal_prime)
-        if target == "postgres" and database_url is not None
-        else None
-    )
+    wal = Watch(database_url if target == "postgres" else None, priming=settings.wal_prime)
     with server(procs, name, argv, port=port, env=env, cwd=workdir, ready=ready) as srv:
         log(f"[{name}] server pid {srv.proc.pid} on port {port}")
         warm = warm_up(name, settings, wrk, wal)
@@ -562,7 +557,7 @@ def measure(
         meter = CpuMeter(srv.proc.pid)
         run = wrk("measured", settings.duration)
         cpu = meter.stop()
-        wal_report = wal.measurement_ends() if wal is not None else None
+        wal_report = wal.measurement_ends()
         if srv.proc.poll() is not None:
             raise BenchmarkError(f"{name} server died during the run:\n{srv.log_tail()}")
     # The server has shut down gracefully: every event it took is committed.

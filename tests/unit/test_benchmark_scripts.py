@@ -10,7 +10,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -490,8 +490,18 @@ def test_idempotency_key_order_option(monkeypatch: pytest.MonkeyPatch) -> None:
         assert idempotency.parse_args(["--key-order", "random"]).key_order == "random"
         with pytest.raises(SystemExit):
             idempotency.parse_args(["--key-order", "sorted"])
+        # PostgreSQL's WAL is readied before measuring unless asked not to;
+        # the watch is a no-op on the other engines.
+        assert idempotency.parse_args([]).wal_prime is True
+        assert idempotency.parse_args(["--no-wal-prime"]).wal_prime is False
+        settings = cast(Any, SimpleNamespace(wal_prime=True))
+        assert idempotency.wal_watch(None, settings).url is None
+        assert idempotency.wal_watch("sqlite:///x.db", settings).url is None
+        watch = idempotency.wal_watch("postgresql+asyncpg://u@h/db", settings)
+        assert (watch.url, watch.priming) == ("postgresql://u@h/db", True)
+        assert idempotency.wal_watch(None, settings).measurement_ends() is None
     finally:
-        for name in ("idempotency", "idempotency_app", "_harness"):
+        for name in ("idempotency", "idempotency_app", "_harness", "_wal"):
             sys.modules.pop(name, None)
 
 
