@@ -21,6 +21,12 @@ events, newest, in this order:
             use caps the throughput; compare sizes with each other, not with
             receive.py's figures); requests/s and p99.
 
+For the receive phase the report also gives the server's full garbage
+collections while measured (benchmarks/collections_probe) and, on PostgreSQL,
+what the measurement wrote to the write-ahead log and whether the server
+made new segment files for it; as in receive.py, the segments it will need
+are readied after the warm-up unless --no-wal-prime (benchmarks/_wal.py).
+
 Every figure is then given as a ratio to the 0-row figure of the same run.
 The goal of issue 19: every ratio within 10% of the empty table's (claim
 latency at most 1.10x, throughputs at least 0.90x).
@@ -67,6 +73,7 @@ from _harness import (
     Workspace,
     add_pg_admin_url,
     add_wait_quiet,
+    describe_collections,
     dist_version,
     exit_on_signals,
     free_port,
@@ -76,6 +83,7 @@ from _harness import (
     server,
     wait_for_quiet,
 )
+from _wal import WalReport, Watch
 
 GOAL = 0.10
 TEMPLATE_PREFIX = "onceonly_bench_cost_tpl"
@@ -93,6 +101,10 @@ class SizeResult:
     receive_p99_ms: float
     receive_client: str
     other_cpu_pct: float
+    # While receive was measured: the server's full collections (ms) and, on
+    # PostgreSQL, its write-ahead log (benchmarks/_wal.py).
+    receive_collections_ms: list[float] = field(default_factory=list)
+    receive_wal: WalReport | None = None
     ratios: dict[str, float] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
@@ -192,6 +204,9 @@ class ReceiveFigures:
     p50_ms: float
     p99_ms: float
     client: str
+    # The measured run's wall-clock window (time.time()), for the server's log.
+    since: float = 0.0
+    until: float = 0.0
 
 
 def serve_argv(port: int) -> list[str]:
@@ -212,49 +227,65 @@ def measure_receive(
     url: str,
     args: argparse.Namespace,
     problems: list[str],
-) -> ReceiveFigures:
+) -> tuple[ReceiveFigures, list[float], WalReport | None]:
+    """The receive phase's figures, the server's full collections while
+    measured (ms) and, on PostgreSQL, its write-ahead log meanwhile."""
     port = free_port()
     ready = ("GET", "/healthz", None)
     before = count(url, "SELECT count(*) FROM onceonly_events")
+    on_pg = url.startswith(("postgresql", "postgres:"))
+    wal = Watch(url if on_pg else None, priming=args.wal_prime)
     with server(
         procs, "onceonly", serve_argv(port), port=port, env=serve_env(url), cwd=workdir, ready=ready
-    ):
+    ) as srv:
         if args.wrk_path:
-            figures, expected = _receive_wrk(procs, workdir, port, args, problems)
+            figures, expected = _receive_wrk(procs, workdir, port, args, problems, wal)
         else:
-            figures, expected = _receive_python(port, args, problems)
+            figures, expected = _receive_python(port, args, problems, wal)
+        wal_report = wal.measurement_ends()
     # The server stopped gracefully: everything it answered, or took in, is committed.
     added = count(url, "SELECT count(*) FROM onceonly_events") - before
     low, high = expected
     if not low <= added <= high:
         problems.append(f"receive: {added} new rows, expected {low} to {high}")
-    return figures
+    return figures, srv.full_collections(figures.since, figures.until), wal_report
 
 
 def _receive_wrk(
-    procs: Processes, workdir: Path, port: int, args: argparse.Namespace, problems: list[str]
+    procs: Processes,
+    workdir: Path,
+    port: int,
+    args: argparse.Namespace,
+    problems: list[str],
+    wal: Watch,
 ) -> tuple[ReceiveFigures, tuple[int, int]]:
     seconds = args.warmup + args.duration
     requests = receive.write_requests(
         workdir / "requests.txt", max(300_000, 25_000 * seconds), receive.SECRET
     )
     split = requests.count * args.warmup // seconds if args.warmup else 0
+
+    def wrk(first: int, last: int, duration: int) -> receive.WrkResult:
+        return receive.run_wrk(
+            procs,
+            args.wrk_path,
+            port,
+            requests,
+            first,
+            last,
+            duration=duration,
+            connections=args.connections,
+            threads=1,
+        )
+
     runs: list[receive.WrkResult] = []
-    for first, last, duration in ((0, split, args.warmup), (split, requests.count, args.duration)):
-        if duration:
-            runs.append(
-                receive.run_wrk(
-                    procs,
-                    args.wrk_path,
-                    port,
-                    requests,
-                    first,
-                    last,
-                    duration=duration,
-                    connections=args.connections,
-                    threads=1,
-                )
-            )
+    if args.warmup:
+        wal.warm_up_starts()
+        runs.append(wrk(0, split, args.warmup))
+    wal.measurement_starts(runs[0].duration_s if runs else 0.0, args.duration)
+    since = time.time()
+    runs.append(wrk(split, requests.count, args.duration))
+    until = time.time()
     for run in runs:
         if run.non_2xx or any(run.socket_errors.values()) or run.wraps:
             problems.append(
@@ -268,28 +299,31 @@ def _receive_wrk(
         measured.latency_ms["p50"],
         measured.latency_ms["p99"],
         "wrk",
+        since,
+        until,
     )
     # wrk leaves up to one request per connection unanswered, but sent.
     return figures, (ok, ok + args.connections * len(runs))
 
 
 def _receive_python(
-    port: int, args: argparse.Namespace, problems: list[str]
+    port: int, args: argparse.Namespace, problems: list[str], wal: Watch
 ) -> tuple[ReceiveFigures, tuple[int, int]]:
     deliveries = _load.Deliveries()
 
-    async def both() -> tuple[_load.LoadRun | None, _load.LoadRun]:
-        warm = None
-        if args.warmup:
-            warm = await _load.closed_loop(
-                port, deliveries, connections=args.connections, duration=args.warmup
-            )
-        run = await _load.closed_loop(
-            port, deliveries, connections=args.connections, duration=args.duration
+    def load(duration: int) -> _load.LoadRun:
+        return asyncio.run(
+            _load.closed_loop(port, deliveries, connections=args.connections, duration=duration)
         )
-        return warm, run
 
-    warm, run = asyncio.run(both())
+    warm = None
+    if args.warmup:
+        wal.warm_up_starts()
+        warm = load(args.warmup)
+    wal.measurement_starts(warm.ended - warm.started if warm else 0.0, args.duration)
+    since = time.time()
+    run = load(args.duration)
+    until = time.time()
     ok = run.ok + (warm.ok if warm else 0)
     errors = run.errors + (warm.errors if warm else 0)
     if errors:
@@ -301,6 +335,8 @@ def _receive_python(
         round(_load.percentile(latencies, 50), 2),
         round(_load.percentile(latencies, 99), 2),
         "python (asyncio)",
+        since,
+        until,
     )
     return figures, (ok, ok)
 
@@ -343,7 +379,7 @@ class Run(Workspace):
         log(f"[{rows:,} rows] worker, {args.pending:,} events")
         worker = measure_worker(url, args.pending, args.concurrency, args.batch_size, problems)
         log(f"[{rows:,} rows] receive")
-        rec = measure_receive(self.procs, self.workdir, url, args, problems)
+        rec, collections, wal = measure_receive(self.procs, self.workdir, url, args, problems)
         cpu = meter.stop()
         return SizeResult(
             rows=rows,
@@ -356,6 +392,8 @@ class Run(Workspace):
             receive_p99_ms=rec.p99_ms,
             receive_client=rec.client,
             other_cpu_pct=cpu.other_pct,
+            receive_collections_ms=collections,
+            receive_wal=wal,
             problems=problems,
         )
 
@@ -425,6 +463,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--pg-database", default="onceonly_bench_cost", help="database measured (recreated)"
     )
     add_wait_quiet(parser)
+    parser.add_argument(
+        "--wal-prime",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="PostgreSQL: before receive is measured, ready the WAL segments it will need "
+        "(a scratch table's inserts, then CHECKPOINT), as a steady load would",
+    )
     parser.add_argument("--keep-db", action="store_true", help="keep the measured database")
     parser.add_argument("--keep-temp", action="store_true", help="keep the temporary directory")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -470,6 +515,13 @@ def print_table(results: Sequence[SizeResult], env: dict[str, Any]) -> None:
             f"{r.receive_p99_ms:>8.2f}{r.other_cpu_pct:>6.0f}%  {ratios}{goal}"
         )
     print(f"goal: every figure within {GOAL:.0%} of the 0-row figure")
+    for r in results:
+        print(
+            f"collections {r.rows:,} rows: in the server while receive was measured, "
+            f"{describe_collections(r.receive_collections_ms)}"
+        )
+        if r.receive_wal is not None:
+            print(f"wal {r.rows:,} rows: {r.receive_wal.describe()}")
     print_problems(results)
 
 
@@ -477,6 +529,8 @@ def print_problems(results: Sequence[SizeResult]) -> None:
     for r in results:
         if warning := _harness.foreign_load_warning(r.other_cpu_pct):
             print(f"!!! WARNING [{r.rows:,} rows]: {warning}")
+        if r.receive_wal is not None and (wal_warning := r.receive_wal.warning()):
+            print(f"!!! WARNING [{r.rows:,} rows]: {wal_warning}")
         for problem in r.problems:
             print(f"!!! CHECK FAILED [{r.rows:,} rows]: {problem.upper()}")
 

@@ -5,6 +5,7 @@ expected size makes none, and a role that may not look is told so."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -160,3 +161,37 @@ def test_prime_writes_no_more_than_max_wal_size(
     assert 256 * MB <= primed.written < 320 * MB
     assert primed.after.ready_bytes < 1024 * MB
     assert primed.describe().endswith("(max_wal_size keeps no more)")
+
+
+def test_cost_curve_reports_the_wal_and_collections_of_its_receive_phase(
+    cluster: pgcluster.Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """cost_curve.py end to end on a tiny table, loaded by its Python client:
+    the receive phase's write-ahead log and the server's full collections
+    reach its JSON."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import cost_curve
+
+        status = cost_curve.main(
+            [
+                "--engine", "postgresql", "--rows", "0", "--pending", "64",
+                "--claim-samples", "5", "--duration", "1", "--warmup", "1",
+                "--wait-quiet", "0", "--wrk", str(tmp_path / "no-wrk"),
+                "--pg-admin-url", cluster.url(), "--json",
+            ]
+        )  # fmt: skip
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+        for name in ("cost_curve", "receive", "_harness", "_load", "_prefill", "_wal"):
+            sys.modules.pop(name, None)
+    assert status == 0
+    (result,) = json.loads(capsys.readouterr().out)["results"]
+    assert result["receive_client"] == "python (asyncio)"
+    assert result["receive_requests_per_s"] > 0
+    assert isinstance(result["receive_collections_ms"], list)
+    wal = result["receive_wal"]
+    assert wal["unknown"] is None
+    assert wal["written_bytes"] > 0
+    assert wal["segments_made"] >= 0
+    assert "MB expected" in wal["priming"]
