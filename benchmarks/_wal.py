@@ -36,6 +36,7 @@ __all__ = [
     "Watch",
     "needed_for",
     "prime",
+    "read_state",
     "segments_made",
     "wal_state",
 ]
@@ -123,18 +124,20 @@ async def _connect(url: str) -> Any:
         raise WalUnknown(repr(exc)) from exc
 
 
-def wal_state(url: str) -> WalState:
+async def read_state(url: str) -> WalState:
     """The WAL position and segment files of the server at `url` (any of its
-    databases). Raises :class:`WalUnknown` if the role may not read them."""
+    databases), from inside an event loop. Raises :class:`WalUnknown` if the
+    role may not read them."""
+    conn = await _connect(url)
+    try:
+        return await _state(conn)
+    finally:
+        await conn.close()
 
-    async def run() -> WalState:
-        conn = await _connect(url)
-        try:
-            return await _state(conn)
-        finally:
-            await conn.close()
 
-    return asyncio.run(run())
+def wal_state(url: str) -> WalState:
+    """:func:`read_state` for code that runs no event loop."""
+    return asyncio.run(read_state(url))
 
 
 def prime(url: str, needed: int) -> Priming:

@@ -17,6 +17,13 @@ p50/p99/max latency, and the longest stall (the longest time in the window
 with no response completing; at 200 requests/s the normal gap is 5 ms). Also
 the purge's duration and the payloads it dropped.
 
+On PostgreSQL each window also gives what was written to the write-ahead
+log in it (by anything on that server), and how many new segment files the
+server made: a purge writes
+far more WAL than the load, and each new segment holds every commit while it
+is written and fsynced (benchmarks/_wal.py). Nothing is primed: a purge's
+burst above the steady load is what a production server meets too.
+
 The goal of issue 19: no receive stall over 100 ms during the purge.
 
 Checks (a failure is printed in capitals, exit status 1): every request was
@@ -61,6 +68,7 @@ from _harness import (
     server,
     wait_for_quiet,
 )
+from _wal import WalState, WalUnknown, read_state, segments_made
 from cost_curve import count, serve_argv, serve_env
 
 GOAL_STALL_MS = 100.0
@@ -79,6 +87,10 @@ class Window:
     # How long each full garbage collection in the server held its event loop
     # in this window (ms; _harness's collections probe): one cause of a stall.
     full_collections_ms: list[float] = field(default_factory=list)
+    # PostgreSQL only: WAL written in the window, and new segment files made
+    # (at least); None elsewhere, or where the role may not read pg_wal.
+    wal_bytes: int | None = None
+    wal_segments_made: int | None = None
 
 
 def window(
@@ -87,9 +99,11 @@ def window(
     start: float,
     end: float,
     srv: _harness.Server | None = None,
+    wal: tuple[WalState | None, WalState | None] = (None, None),
 ) -> Window:
-    """The samples due between `start` and `end` (perf_counter), and the
-    server's full collections that ended meanwhile."""
+    """The samples due between `start` and `end` (perf_counter), the
+    server's full collections that ended meanwhile and, given the WAL read at
+    both ends, what was written to it."""
     inside = [s for s in run.samples if start <= s.due < end]
     latencies = [s.latency * 1000 for s in inside]
     # The probe logs wall-clock times: this window's, on that clock.
@@ -105,6 +119,8 @@ def window(
         full_collections_ms=(
             srv.full_collections(start + to_wall, end + to_wall) if srv is not None else []
         ),
+        wal_bytes=wal[1].lsn - wal[0].lsn if wal[0] and wal[1] else None,
+        wal_segments_made=segments_made(wal[0], wal[1]) if wal[0] and wal[1] else None,
     )
 
 
@@ -129,12 +145,35 @@ class Result:
         return during.longest_stall_ms <= GOAL_STALL_MS
 
 
-async def load_and_purge(
-    port: int, url: str, args: argparse.Namespace, workdir: Any
-) -> tuple[_load.LoadRun, float, float, int, str]:
+@dataclass
+class Purged:
+    """What :func:`load_and_purge` saw: the load, the purge's start and end
+    (perf_counter), its exit code and output, and on PostgreSQL the WAL read
+    when the load started, the purge started, it ended and the load ended."""
+
+    run: _load.LoadRun
+    start: float
+    end: float
+    code: int
+    out: str
+    wal: list[WalState | None]
+
+
+async def _wal_now(url: str, engine: str) -> WalState | None:
+    if engine != "postgresql":
+        return None
+    try:
+        return await read_state(url)
+    except WalUnknown as exc:
+        log(f"note: the WAL is not known ({exc})")
+        return None
+
+
+async def load_and_purge(port: int, url: str, args: argparse.Namespace, workdir: Any) -> Purged:
     """Steady load; the purge subprocess after --before seconds; the load stops
-    --after seconds after it exits. (load, purge start, purge end, exit code, stdout)"""
+    --after seconds after it exits."""
     deliveries = _load.Deliveries()
+    wal = [await _wal_now(url, args.engine)]
     stop = asyncio.Event()
     load = asyncio.create_task(
         _load.open_loop(port, deliveries, rate=args.rate, connections=args.connections, until=stop)
@@ -146,6 +185,7 @@ async def load_and_purge(
         argv = [sys.executable, "-m", "onceonly.cli", "purge", "--older-than", args.older_than]
         argv += ["--batch-size", str(args.batch_size), "--format", "json"]
         log(f"purging: {' '.join(argv[1:])}")
+        wal.append(await _wal_now(url, args.engine))
         purge_start = time.perf_counter()
         proc = await asyncio.create_subprocess_exec(
             *argv,
@@ -157,6 +197,7 @@ async def load_and_purge(
         )
         out, _ = await asyncio.wait_for(proc.communicate(), args.timeout)
         purge_end = time.perf_counter()
+        wal.append(await _wal_now(url, args.engine))
         code = proc.returncode if proc.returncode is not None else -1
         log(f"purge exited {code} after {purge_end - purge_start:.1f} s")
         await asyncio.sleep(args.after)
@@ -168,7 +209,8 @@ async def load_and_purge(
             await proc.wait()
         stop.set()
         run = await load
-    return run, purge_start, purge_end, code, out.decode(errors="replace")
+    wal.append(await _wal_now(url, args.engine))
+    return Purged(run, purge_start, purge_end, code, out.decode(errors="replace"), wal)
 
 
 class Run(Workspace):
@@ -207,17 +249,18 @@ class Run(Workspace):
             ready=("GET", "/healthz", None),
         ) as srv:
             log(f"receiving at {args.rate:g}/s on port {port} (pid {srv.proc.pid})")
-            run, p0, p1, code, out = asyncio.run(load_and_purge(port, url, args, self.workdir))
+            purged = asyncio.run(load_and_purge(port, url, args, self.workdir))
+        run, p0, p1, wal = purged.run, purged.start, purged.end, purged.wal
         cpu = meter.stop()
         problems: list[str] = []
         dropped: int | None = None
-        if code != 0:
-            problems.append(f"onceonly purge exited {code}: {out[-2000:]}")
+        if purged.code != 0:
+            problems.append(f"onceonly purge exited {purged.code}: {purged.out[-2000:]}")
         else:
             try:
-                dropped = int(json.loads(out)["payloads_dropped"])
+                dropped = int(json.loads(purged.out)["payloads_dropped"])
             except (ValueError, KeyError, TypeError):
-                problems.append(f"cannot read the purge's report: {out[-2000:]}")
+                problems.append(f"cannot read the purge's report: {purged.out[-2000:]}")
         if dropped is not None and dropped != expected:
             problems.append(f"purge dropped {dropped} payloads, expected {expected}")
         left = count(
@@ -240,9 +283,9 @@ class Run(Workspace):
             payloads_dropped=dropped,
             expected_dropped=expected,
             windows=[
-                window("before purge", run, run.started, p0, srv),
-                window("during purge", run, p0, p1, srv),
-                window("after purge", run, p1, run.ended, srv),
+                window("before purge", run, run.started, p0, srv, (wal[0], wal[1])),
+                window("during purge", run, p0, p1, srv, (wal[1], wal[2])),
+                window("after purge", run, p1, run.ended, srv, (wal[2], wal[3])),
             ],
             other_cpu_pct=cpu.other_pct,
             problems=problems,
@@ -301,15 +344,22 @@ def print_report(r: Result, env: dict[str, Any]) -> None:
         f"(expected {r.expected_dropped})"
     )
     header = f"{'window':<14}{'seconds':>8}{'requests':>9}{'p50 ms':>8}{'p99 ms':>8}"
-    header += f"{'max ms':>8}{'stall ms':>9}  full collections"
+    header += f"{'max ms':>8}{'stall ms':>9}{'WAL MB':>8}{'segs':>6}  full collections"
     print(header)
     print("-" * len(header))
     for w in r.windows:
+        wal_mb = f"{w.wal_bytes / 1e6:,.0f}" if w.wal_bytes is not None else "-"
+        made = str(w.wal_segments_made) if w.wal_segments_made is not None else "-"
         print(
             f"{w.name:<14}{w.seconds:>8.1f}{w.requests:>9}{w.p50_ms:>8.2f}{w.p99_ms:>8.2f}"
-            f"{w.max_ms:>8.2f}{w.longest_stall_ms:>9.2f}  "
+            f"{w.max_ms:>8.2f}{w.longest_stall_ms:>9.2f}{wal_mb:>8}{made:>6}  "
             f"{_harness.describe_collections(w.full_collections_ms)}"
         )
+    print(
+        "WAL MB: written to PostgreSQL's write-ahead log in the window, by anything on that "
+        "server; segs: new 16 MB segment files it made meanwhile (each holds every commit; "
+        "benchmarks/_wal.py)"
+    )
     verdict = "met" if r.goal_met() else "MISSED"
     print(f"goal: no stall over {GOAL_STALL_MS:g} ms during the purge: {verdict}")
     if warning := _harness.foreign_load_warning(r.other_cpu_pct):

@@ -983,6 +983,18 @@ def test_purge_stall_puts_each_full_collection_in_its_window(
     ]
     assert [w.full_collections_ms for w in windows] == [[7.5], [42.0, 3.0], []]
     assert purge_stall.window("no server", run, start, start + 3.0).full_collections_ms == []
+    # On PostgreSQL, the WAL read at both ends: what the window wrote, and
+    # the segment files the server made meanwhile; not read, nothing said.
+    import _wal
+
+    before = _wal.WalState(lsn=10_000_000, segments=5, ready=2, segment_bytes=16 << 20,
+                           max_wal_bytes=1 << 30)  # fmt: skip
+    after = _wal.WalState(lsn=90_000_000, segments=8, ready=0, segment_bytes=16 << 20,
+                          max_wal_bytes=1 << 30)  # fmt: skip
+    during = purge_stall.window("during purge", run, start, start + 3.0, srv, (before, after))
+    assert (during.wal_bytes, during.wal_segments_made) == (80_000_000, 3)
+    unread = purge_stall.window("during purge", run, start, start + 3.0, srv, (before, None))
+    assert (unread.wal_bytes, unread.wal_segments_made) == (None, None)
 
 
 def test_wal_report_lines(monkeypatch: pytest.MonkeyPatch) -> None:
