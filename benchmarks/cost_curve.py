@@ -76,6 +76,7 @@ from _harness import (
     describe_collections,
     dist_version,
     exit_on_signals,
+    flush_writes,
     free_port,
     log,
     parser_for,
@@ -371,6 +372,7 @@ class Run(Workspace):
         fill = _prefill.Fill(rows=rows, pending=args.pending)
         url = self.prepare(fill)
         problems: list[str] = []
+        flush_writes()
         if args.wait_quiet:
             wait_for_quiet(args.wait_quiet)
         meter = _harness.CpuMeter(0)

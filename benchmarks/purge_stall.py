@@ -61,6 +61,7 @@ from _harness import (
     add_wait_quiet,
     dist_version,
     exit_on_signals,
+    flush_writes,
     free_port,
     log,
     parser_for,
@@ -235,6 +236,7 @@ class Run(Workspace):
         url = self.prepare()
         expected = self.fill.processed_count()
         before_rows = count(url, "SELECT count(*) FROM onceonly_events")
+        flush_writes()
         if args.wait_quiet:
             wait_for_quiet(args.wait_quiet)
         port = free_port()
