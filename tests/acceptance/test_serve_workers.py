@@ -149,11 +149,15 @@ def test_two_processes_store_each_delivery_once_and_stop_together(
         # A process that dies is replaced; the port keeps answering meanwhile.
         victim = min(first)
         os.kill(victim, signal.SIGKILL)
-        wait_for(
-            "a replacement process",
-            lambda: len(serving(server)) == 2 and victim not in serving(server),
-            30,
-        )
+
+        def replaced() -> bool:
+            # One snapshot: two would let the first see the victim not yet
+            # dead (two processes) and the second see it gone (not in it),
+            # with no replacement at all.
+            now = serving(server)
+            return len(now) == 2 and victim not in now
+
+        wait_for("a replacement process", replaced, 30)
         body, headers = stripe_delivery("evt_after_restart")
         assert httpx.post(f"{server.url}/webhooks/stripe", content=body, headers=headers).is_success
         everyone = children(server.process.pid)
