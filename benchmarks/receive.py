@@ -66,9 +66,10 @@ the event loop, and every delivery in flight, for its whole length.
 
 PostgreSQL makes a new WAL segment (16 MB of zeros, written and fsynced while
 every commit waits) whenever its log needs one and no recycled one is ready:
-on a new cluster, or under a load above any it met. Each held this VM's
-commits for 70-175 ms, so a cold log put the p99 at 54 ms where a warm one
-gave 6.3 ms (benchmarks/_wal.py). A server under a steady load writes into
+on a new cluster, or under a load above any it met. On this project's
+2-core VM, 60 s with 49 segments made held batches up to 175 ms and put the
+p99 at 54 ms; the next 60 s, on recycled segments, gave 6.3 ms
+(benchmarks/_wal.py). A server under a steady load writes into
 recycled segments; so, by default, between the warm-up and the measurement
 the script readies the WAL the measurement will need (the warm-up's rate,
 plus a quarter): it writes that much into a scratch table, drops it and runs
