@@ -234,8 +234,7 @@ def measure_receive(
     port = free_port()
     ready = ("GET", "/healthz", None)
     before = count(url, "SELECT count(*) FROM onceonly_events")
-    on_pg = url.startswith(("postgresql", "postgres:"))
-    wal = Watch(url if on_pg else None, priming=args.wal_prime)
+    wal = Watch.of(url, priming=args.wal_prime)
     with server(
         procs, "onceonly", serve_argv(port), port=port, env=serve_env(url), cwd=workdir, ready=ready
     ) as srv:

@@ -819,9 +819,7 @@ def check_replays(
 
 def wal_watch(database_url: str | None, settings: Settings) -> Watch:
     """The WAL around a measurement on PostgreSQL; a no-op elsewhere."""
-    if database_url is None or not database_url.startswith(("postgresql", "postgres:")):
-        return Watch(None, priming=False)
-    return Watch(_pg_url(database_url), priming=settings.wal_prime)
+    return Watch.of(database_url, priming=settings.wal_prime)
 
 
 def warm_up(

@@ -550,7 +550,7 @@ def measure(
             threads=settings.threads,
         )
 
-    wal = Watch(database_url if target == "postgres" else None, priming=settings.wal_prime)
+    wal = Watch.of(database_url, priming=settings.wal_prime)
     with server(procs, name, argv, port=port, env=env, cwd=workdir, ready=ready) as srv:
         log(f"[{name}] server pid {srv.proc.pid} on port {port}")
         warm = warm_up(name, settings, wrk, wal)

@@ -193,5 +193,5 @@ def test_cost_curve_reports_the_wal_and_collections_of_its_receive_phase(
     wal = result["receive_wal"]
     assert wal["unknown"] is None
     assert wal["written_bytes"] > 0
-    assert wal["segments_made"] >= 0
+    assert isinstance(wal["segments_made"], int)
     assert "MB expected" in wal["priming"]
