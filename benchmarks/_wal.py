@@ -25,16 +25,22 @@ drops it and runs CHECKPOINT, which recycles those segments ahead.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
+import threading
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
     "Priming",
+    "Sampler",
     "WalReport",
     "WalState",
     "WalUnknown",
     "Watch",
+    "made_through",
     "needed_for",
     "prime",
     "read_state",
@@ -186,10 +192,73 @@ def needed_for(written: int, seconds: float, duration: float, *, margin: float =
     return math.ceil(written / seconds * duration * margin)
 
 
+def made_through(states: Sequence[WalState]) -> int:
+    """How many segment files the server made across `states`, readings in
+    time order: every rise of the file count from one reading to the next,
+    added up. Still a lower bound: a checkpoint removes the files it no
+    longer needs, all at its end, so files made between the same two
+    readings as such a removal go uncounted. Readings close together
+    (:class:`Sampler`) leave little room for that; two readings at the ends
+    of a measurement leave it all."""
+    return sum(max(0, b.segments - a.segments) for a, b in itertools.pairwise(states))
+
+
 def segments_made(before: WalState, after: WalState) -> int:
-    """How many segment files the server made between the two readings, at
-    least: a checkpoint in between may also have removed some."""
-    return max(0, after.segments - before.segments)
+    """:func:`made_through` two readings."""
+    return made_through((before, after))
+
+
+class Sampler:
+    """Reads the WAL every `interval` seconds on a thread of its own, with one
+    connection, from :meth:`start` to :meth:`stop`, for :func:`made_through`.
+
+    A thread, so that a benchmark's own event loop (a load generator's) is
+    not the one that waits on these queries. What the server refuses ends
+    the sampling and is kept in `unknown`; the readings taken stand."""
+
+    def __init__(self, url: str, *, interval: float = 0.1) -> None:
+        self.url = url
+        self.interval = interval
+        #: (time.perf_counter() after the reading, the reading)
+        self.samples: list[tuple[float, WalState]] = []
+        self.unknown: str | None = None
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Sampler:
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self._poll()), name="wal-sampler", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stops after one last reading."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def between(self, start: float, end: float) -> list[WalState]:
+        """The readings taken from `start` to `end` (perf_counter), in order."""
+        return [state for at, state in self.samples if start <= at <= end]
+
+    async def _poll(self) -> None:
+        try:
+            conn = await _connect(self.url)
+        except WalUnknown as exc:
+            self.unknown = str(exc)
+            return
+        try:
+            while True:
+                last = self._stopping.is_set()
+                self.samples.append((time.perf_counter(), await _state(conn)))
+                if last:
+                    return
+                await asyncio.sleep(self.interval)
+        except Exception as exc:  # the connection lost too: keep what was read
+            self.unknown = f"{type(exc).__name__}: {exc}"
+        finally:
+            await conn.close()
 
 
 @dataclass
@@ -242,6 +311,7 @@ class Watch:
         self.report = WalReport()
         self._start: WalState | None = None
         self._before: WalState | None = None
+        self._sampler: Sampler | None = None
 
     @classmethod
     def of(cls, database_url: str | None, *, priming: bool) -> Watch:
@@ -281,14 +351,21 @@ class Watch:
         else:
             self.report.priming = "not primed (--no-wal-prime)"
         self._before = self._read()
-        if self._before is not None:
+        if self._before is not None and self.url is not None:
             self.report.ready_bytes = self._before.ready_bytes
+            # Read all through the measurement: the two ends alone let a
+            # checkpoint's removals hide the segments made (made_through).
+            self._sampler = Sampler(self.url).start()
 
     def measurement_ends(self) -> WalReport | None:
         if self.url is None:
             return None
+        sampled: list[WalState] = []
+        if self._sampler is not None:
+            self._sampler.stop()
+            sampled = [state for _, state in self._sampler.samples]
         after = self._read()
         if self._before is not None and after is not None:
             self.report.written_bytes = after.lsn - self._before.lsn
-            self.report.segments_made = segments_made(self._before, after)
+            self.report.segments_made = made_through([self._before, *sampled, after])
         return self.report

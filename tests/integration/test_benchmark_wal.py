@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -195,3 +196,36 @@ def test_cost_curve_reports_the_wal_and_collections_of_its_receive_phase(
     assert wal["written_bytes"] > 0
     assert isinstance(wal["segments_made"], int)
     assert "MB expected" in wal["priming"]
+
+
+def test_segments_removed_by_a_checkpoint_do_not_hide_those_made(
+    wal: ModuleType, cluster: pgcluster.Cluster
+) -> None:
+    url = cluster.url()
+    watch = wal.Watch(url, priming=False)
+    watch.warm_up_starts()
+    watch.measurement_starts(1.0, 1.0)
+    before = wal.wal_state(url)
+    write_wal(url, 160 * MB)
+    peak = wal.wal_state(url)
+    time.sleep(0.5)  # the sampler (every 0.1 s) reads the peak too
+    # A checkpoint under a smaller max_wal_size removes what it no longer keeps.
+    execute(url, "ALTER SYSTEM SET max_wal_size = '64MB'", "SELECT pg_reload_conf()", "CHECKPOINT")
+    after = wal.wal_state(url)
+    assert after.segments < peak.segments, (before, peak, after)
+    report = watch.measurement_ends()
+    assert report.segments_made >= peak.segments - before.segments
+    # What the two ends alone say, as before the sampler.
+    assert wal.segments_made(before, after) < peak.segments - before.segments
+
+
+def execute(url: str, *statements: str) -> None:
+    async def run() -> None:
+        conn = await asyncpg.connect(url, timeout=5)
+        try:
+            for statement in statements:
+                await conn.execute(statement)
+        finally:
+            await conn.close()
+
+    asyncio.run(run())

@@ -995,6 +995,30 @@ def test_purge_stall_puts_each_full_collection_in_its_window(
     assert (during.wal_bytes, during.wal_segments_made) == (80_000_000, 3)
     unread = purge_stall.window("during purge", run, start, start + 3.0, srv, (before, None))
     assert (unread.wal_bytes, unread.wal_segments_made) == (None, None)
+    # The readings taken in between count each rise: 5 -> 9 files, then a
+    # checkpoint's removals down to 8 would read as 3 from the ends alone.
+    peak = _wal.WalState(lsn=60_000_000, segments=9, ready=1, segment_bytes=16 << 20,
+                         max_wal_bytes=1 << 30)  # fmt: skip
+    sampled = purge_stall.window(
+        "during purge", run, start, start + 3.0, srv, (before, after), [peak]
+    )
+    assert (sampled.wal_segments_made, sampled.wal_readings) == (4, 3)
+
+
+def test_segments_made_adds_up_each_rise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import _wal
+
+    def files(n: int) -> _wal.WalState:
+        return _wal.WalState(lsn=0, segments=n, ready=0, segment_bytes=16 << 20,
+                             max_wal_bytes=1 << 30)  # fmt: skip
+
+    # Two made, a checkpoint removes three, one more made: three in all.
+    assert _wal.made_through([files(n) for n in (10, 11, 12, 9, 10)]) == 3
+    assert _wal.segments_made(files(10), files(10)) == 0
+    assert _wal.segments_made(files(12), files(9)) == 0
+    assert _wal.made_through([files(10)]) == 0
+    assert _wal.made_through([]) == 0
 
 
 def test_wal_report_lines(monkeypatch: pytest.MonkeyPatch) -> None:
