@@ -13,7 +13,8 @@ small JSON document. To compare two trees, run it with each tree's
 ``src`` first on ``PYTHONPATH``.
 
 PostgreSQL (``--engine postgresql``) runs on a fresh database
-``onceonly_bench_cpu`` on ``--postgres``; its server's CPU is not counted.
+``onceonly_bench_cpu`` on ``--postgres``, dropped again at exit; its
+server's CPU is not counted.
 ``--engine nodb`` is benchmarks/receive.py's nodb target (``nodb_app.py``:
 the same receiver with a store that keeps only the keys), so the figure is
 the receive path's own Python with no database at all.
@@ -36,7 +37,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import onceonly
-from _harness import recreate_database
+from _harness import drop_database, recreate_database
 from nodb_app import WithoutDatabase
 from onceonly import Onceonly
 from onceonly.providers import Stripe
@@ -144,13 +145,17 @@ async def main() -> None:
             url = f"sqlite:///{Path(work) / 'cpu.db'}"
         else:
             url = None  # nodb: KeysOnly never opens a database
-        kind = WithoutDatabase if args.engine == "nodb" else Onceonly
-        app = kind(database_url=url, providers={"stripe": Stripe(SECRET)}, environ={})
-        receiver: AsgiApp = app.asgi()
-        floor = await measure(lean(), args.deliveries, "lean")
-        base = await measure(bare(), args.deliveries, "bare")
-        ours = await measure(receiver, args.deliveries, "onceonly")
-        await app.store.close()
+        try:
+            kind = WithoutDatabase if args.engine == "nodb" else Onceonly
+            app = kind(database_url=url, providers={"stripe": Stripe(SECRET)}, environ={})
+            receiver: AsgiApp = app.asgi()
+            floor = await measure(lean(), args.deliveries, "lean")
+            base = await measure(bare(), args.deliveries, "bare")
+            ours = await measure(receiver, args.deliveries, "onceonly")
+            await app.store.close()
+        finally:
+            if args.engine == "postgresql":
+                await drop_database(args.postgres, "onceonly_bench_cpu")
     print(
         f"onceonly from {Path(onceonly.__file__).parent}, {args.engine}, "
         f"{args.deliveries} deliveries: {ours * 1e6:.0f} us CPU per delivery; "
