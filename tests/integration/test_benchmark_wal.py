@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import asyncpg
 import pytest
@@ -79,13 +80,31 @@ def write_wal(url: str, size: int) -> None:
     asyncio.run(run())
 
 
+def measuring(wal: ModuleType, url: str, *, priming: bool = False) -> Any:
+    """A watch whose measurement has begun, after an empty warm-up."""
+    watch = wal.Watch(url, priming=priming)
+    watch.warm_up_starts()
+    watch.measurement_starts(1.0, 1.0)
+    return watch
+
+
+def execute(url: str, *statements: str) -> None:
+    async def run() -> None:
+        conn = await asyncpg.connect(url, timeout=5)
+        try:
+            for statement in statements:
+                await conn.execute(statement)
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+
+
 def test_a_cold_log_makes_segments_a_primed_one_does_not(
     wal: ModuleType, cluster: pgcluster.Cluster
 ) -> None:
     url = cluster.url()
-    cold = wal.Watch(url, priming=False)
-    cold.warm_up_starts()
-    cold.measurement_starts(1.0, 1.0)
+    cold = measuring(wal, url)
     write_wal(url, 48 * MB)
     report = cold.measurement_ends()
     assert report.written_bytes >= 48 * MB
@@ -132,19 +151,9 @@ def test_prime_writes_only_what_is_missing(wal: ModuleType, cluster: pgcluster.C
 def test_a_role_that_may_not_look_gets_not_known(
     wal: ModuleType, cluster: pgcluster.Cluster
 ) -> None:
-    async def add_role() -> None:
-        conn = await asyncpg.connect(cluster.url(), timeout=5)
-        try:
-            await conn.execute("CREATE ROLE plain LOGIN")
-        finally:
-            await conn.close()
-
-    asyncio.run(add_role())
+    execute(cluster.url(), "CREATE ROLE plain LOGIN")
     url = cluster.url().replace("postgres@", "plain@", 1)
-    watch = wal.Watch(url, priming=True)
-    watch.warm_up_starts()
-    watch.measurement_starts(1.0, 1.0)
-    report = watch.measurement_ends()
+    report = measuring(wal, url, priming=True).measurement_ends()
     assert report.written_bytes is None
     assert report.describe().startswith("not known (InsufficientPrivilegeError")
     assert report.warning() is None
@@ -202,9 +211,7 @@ def test_segments_removed_by_a_checkpoint_do_not_hide_those_made(
     wal: ModuleType, cluster: pgcluster.Cluster
 ) -> None:
     url = cluster.url()
-    watch = wal.Watch(url, priming=False)
-    watch.warm_up_starts()
-    watch.measurement_starts(1.0, 1.0)
+    watch = measuring(wal, url)
     before = wal.wal_state(url)
     write_wal(url, 160 * MB)
     peak = wal.wal_state(url)
@@ -217,15 +224,3 @@ def test_segments_removed_by_a_checkpoint_do_not_hide_those_made(
     assert report.segments_made >= peak.segments - before.segments
     # What the two ends alone say, as before the sampler.
     assert wal.segments_made(before, after) < peak.segments - before.segments
-
-
-def execute(url: str, *statements: str) -> None:
-    async def run() -> None:
-        conn = await asyncpg.connect(url, timeout=5)
-        try:
-            for statement in statements:
-                await conn.execute(statement)
-        finally:
-            await conn.close()
-
-    asyncio.run(run())
