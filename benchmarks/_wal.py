@@ -258,7 +258,10 @@ class Sampler:
         except Exception as exc:  # the connection lost too: keep what was read
             self.unknown = f"{type(exc).__name__}: {exc}"
         finally:
-            await conn.close()
+            try:
+                await conn.close(timeout=5)
+            except Exception:  # already gone (a database dropped WITH (FORCE))
+                conn.terminate()
 
 
 @dataclass
