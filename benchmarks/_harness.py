@@ -545,10 +545,16 @@ def pg_url_for(admin_url: str, database: str) -> str:
     return urlunsplit(urlsplit(admin_url)._replace(path=f"/{database}"))
 
 
-async def _execute(admin_url: str, statements: Sequence[str], connect_timeout: float) -> None:
+def asyncpg_url(database_url: str) -> str:
+    """asyncpg's URL for a SQLAlchemy one (``postgresql+asyncpg://``)."""
+    return database_url.replace("postgresql+asyncpg://", "postgresql://", 1)
+
+
+async def execute_sql(url: str, statements: Sequence[str], *, connect_timeout: float = 60) -> None:
+    """`statements` in turn on one connection to `url`; asyncpg's errors as they come."""
     import asyncpg
 
-    conn = await asyncpg.connect(admin_url, timeout=connect_timeout)
+    conn = await asyncpg.connect(url, timeout=connect_timeout)
     try:
         for statement in statements:
             await conn.execute(statement)
@@ -563,13 +569,15 @@ async def recreate_database(admin_url: str, database: str, *, connect_timeout: f
         f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)',
         f'CREATE DATABASE "{database}"',
     )
-    await _execute(admin_url, [drop, create], connect_timeout)
+    await execute_sql(admin_url, [drop, create], connect_timeout=connect_timeout)
     return pg_url_for(admin_url, database)
 
 
 async def drop_database(admin_url: str, database: str, *, connect_timeout: float = 60) -> None:
-    await _execute(
-        admin_url, [f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'], connect_timeout
+    await execute_sql(
+        admin_url,
+        [f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'],
+        connect_timeout=connect_timeout,
     )
 
 

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from _harness import log, pg_url_for
+from _harness import execute_sql, log, pg_url_for
 
 PG_SLICE = 1_000_000
 SQLITE_SLICE = 50_000
@@ -151,14 +151,7 @@ async def _pg_template_state(admin_url: str, database: str) -> str:
 
 
 async def _pg_admin(admin_url: str, *statements: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(admin_url, timeout=10)
-    try:
-        for statement in statements:
-            await conn.execute(statement)
-    finally:
-        await conn.close()
+    await execute_sql(admin_url, statements, connect_timeout=10)
 
 
 def pg_prepare(admin_url: str, database: str, fill: Fill, *, template_prefix: str) -> str:

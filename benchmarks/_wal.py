@@ -33,6 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from _harness import asyncpg_url
+
 __all__ = [
     "Priming",
     "Sampler",
@@ -322,8 +324,7 @@ class Watch:
         PostgreSQL (asyncpg's own URL for SQLAlchemy's)."""
         if database_url is None or not database_url.startswith(("postgresql", "postgres:")):
             return cls(None, priming=False)
-        url = database_url.replace("postgresql+asyncpg://", "postgresql://", 1)
-        return cls(url, priming=priming)
+        return cls(asyncpg_url(database_url), priming=priming)
 
     def _read(self) -> WalState | None:
         if self.url is None or self.report.unknown is not None:

@@ -143,6 +143,7 @@ from _harness import (
     add_pg_admin_url,
     add_run_options,
     add_wait_quiet,
+    asyncpg_url,
     check_common,
     describe_collections,
     dist_version,
@@ -251,10 +252,6 @@ def run_wrk(
 # Databases
 
 
-def _pg_url(url: str) -> str:
-    return url.replace("postgresql+asyncpg://", "postgresql://", 1)
-
-
 @dataclass
 class RowCount:
     rows: int
@@ -276,7 +273,7 @@ def count_keys(url: str, tag: str) -> RowCount:
     async def pg() -> RowCount:
         import asyncpg
 
-        conn = await asyncpg.connect(_pg_url(url), timeout=5)
+        conn = await asyncpg.connect(asyncpg_url(url), timeout=5)
         try:
             row = await conn.fetchrow(sql + "$1", pattern)
         finally:
@@ -298,7 +295,7 @@ def checkpoint(admin_url: str) -> None:
     async def run() -> None:
         import asyncpg
 
-        conn = await asyncpg.connect(_pg_url(admin_url), timeout=5)
+        conn = await asyncpg.connect(asyncpg_url(admin_url), timeout=5)
         try:
             await conn.execute("CHECKPOINT")
         finally:
@@ -322,7 +319,7 @@ def count_all_keys(url: str) -> int:
     async def pg() -> int:
         import asyncpg
 
-        conn = await asyncpg.connect(_pg_url(url), timeout=5)
+        conn = await asyncpg.connect(asyncpg_url(url), timeout=5)
         try:
             return int(await conn.fetchval(sql))
         finally:

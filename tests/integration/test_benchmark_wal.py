@@ -88,18 +88,6 @@ def measuring(wal: ModuleType, url: str, *, priming: bool = False) -> Any:
     return watch
 
 
-def execute(url: str, *statements: str) -> None:
-    async def run() -> None:
-        conn = await asyncpg.connect(url, timeout=5)
-        try:
-            for statement in statements:
-                await conn.execute(statement)
-        finally:
-            await conn.close()
-
-    asyncio.run(run())
-
-
 def test_a_cold_log_makes_segments_a_primed_one_does_not(
     wal: ModuleType, cluster: pgcluster.Cluster
 ) -> None:
@@ -151,7 +139,9 @@ def test_prime_writes_only_what_is_missing(wal: ModuleType, cluster: pgcluster.C
 def test_a_role_that_may_not_look_gets_not_known(
     wal: ModuleType, cluster: pgcluster.Cluster
 ) -> None:
-    execute(cluster.url(), "CREATE ROLE plain LOGIN")
+    import _harness
+
+    asyncio.run(_harness.execute_sql(cluster.url(), ["CREATE ROLE plain LOGIN"]))
     url = cluster.url().replace("postgres@", "plain@", 1)
     report = measuring(wal, url, priming=True).measurement_ends()
     assert report.written_bytes is None
@@ -217,7 +207,11 @@ def test_segments_removed_by_a_checkpoint_do_not_hide_those_made(
     peak = wal.wal_state(url)
     time.sleep(0.5)  # the sampler (every 0.1 s) reads the peak too
     # A checkpoint under a smaller max_wal_size removes what it no longer keeps.
-    execute(url, "ALTER SYSTEM SET max_wal_size = '64MB'", "SELECT pg_reload_conf()", "CHECKPOINT")
+    cluster.configure({"max_wal_size": "64MB"})
+    cluster.reload()
+    import _harness
+
+    asyncio.run(_harness.execute_sql(url, ["CHECKPOINT"]))
     after = wal.wal_state(url)
     assert after.segments < peak.segments, (before, peak, after)
     report = watch.measurement_ends()
