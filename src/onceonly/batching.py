@@ -43,12 +43,22 @@ class GroupCommit(Generic[T, R]):
         *,
         max_batch: int = 1000,
         max_in_flight: int = 1,
+        share: int | None = None,
     ) -> None:
         self.flush = flush
         self.max_batch = max_batch
         # More than one batch in flight pays off where the database commits
         # several transactions in parallel (PostgreSQL); SQLite has one writer.
         self.max_in_flight = max_in_flight
+        if share is not None and not 1 <= share <= max_batch:
+            raise ValueError("share must be between 1 and max_batch")
+        #: With `share`, a batch takes `share` items, or its part of the queue
+        #: (the queue over max_in_flight) when that is more, up to max_batch:
+        #: a short queue goes out in several batches, so that the loop answers
+        #: one while another commits, and a long one in few large batches,
+        #: where small ones would hold the throughput to max_in_flight x share
+        #: per round trip. Without it, a batch takes the queue up to max_batch.
+        self.share = share
         self._queue: list[tuple[T, Waiter[R]]] = []
         self._running = 0
         self._tasks: set[asyncio.Task[None]] = set()  # strong references only
@@ -85,8 +95,9 @@ class GroupCommit(Generic[T, R]):
             # second on SQLite). A lone caller waits that one turn, no timer.
             await asyncio.sleep(0)
             while self._queue:
-                batch = self._queue[: self.max_batch]
-                del self._queue[: self.max_batch]
+                size = self._batch_size()
+                batch = self._queue[:size]
+                del self._queue[:size]
                 try:
                     results = await self.flush([item for item, _ in batch])
                 except asyncio.CancelledError:
@@ -113,6 +124,11 @@ class GroupCommit(Generic[T, R]):
                         waiter.set_result(result)
         finally:
             self._running -= 1
+
+    def _batch_size(self) -> int:
+        if self.share is None:
+            return self.max_batch
+        return min(self.max_batch, max(self.share, len(self._queue) // self.max_in_flight))
 
     async def _each_alone(self, batch: Sequence[tuple[T, Waiter[R]]]) -> None:
         """The batch's items again, one transaction each: only the one the

@@ -95,7 +95,10 @@ class Inbox:
         # Decided once: without tracing the hot path has not even a wrapper call.
         flush = self._traced_commit if self.tracing.enabled else store.insert_events
         self.commits: GroupCommit[NewEvent, Receipt] = GroupCommit(
-            flush, max_batch=store.commit_batch, max_in_flight=store.commit_concurrency
+            flush,
+            max_batch=store.commit_batch,
+            max_in_flight=store.commit_concurrency,
+            share=store.commit_share,
         )
 
     def provider(self, name: str) -> Provider:

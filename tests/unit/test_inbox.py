@@ -71,6 +71,43 @@ async def test_batches_are_capped() -> None:
     assert sum(store.batch_sizes) == 31
 
 
+async def test_with_a_share_a_short_queue_goes_in_batches_of_the_share() -> None:
+    """Six waiting, two batches in flight, a share of four: four and two, so
+    that the loop answers one batch while the other commits."""
+    store = SlowStore()
+    commits = GroupCommit(store.insert_events, max_in_flight=2, share=4)
+    receipts = await asyncio.gather(*(commits.submit(new_event(f"e{i}")) for i in range(6)))
+    assert [r.duplicate for r in receipts] == [False] * 6
+    assert store.batch_sizes == [4, 2]
+
+
+async def test_with_a_share_a_long_queue_goes_in_halves() -> None:
+    """Forty waiting: the first batch takes half of them, not the share of
+    four, which would hold the throughput to eight per round trip."""
+    store = SlowStore()
+    commits = GroupCommit(store.insert_events, max_in_flight=2, share=4)
+    receipts = await asyncio.gather(*(commits.submit(new_event(f"e{i}")) for i in range(40)))
+    assert [r.duplicate for r in receipts] == [False] * 40
+    assert store.batch_sizes[:2] == [20, 10]
+    assert sum(store.batch_sizes) == 40
+    assert len(store.events) == 40
+
+
+async def test_with_a_share_batches_stay_under_the_cap() -> None:
+    store = SlowStore()
+    commits = GroupCommit(store.insert_events, max_batch=8, max_in_flight=2, share=4)
+    await asyncio.gather(*(commits.submit(new_event(f"e{i}")) for i in range(40)))
+    assert store.batch_sizes[0] == 8
+    assert max(store.batch_sizes) == 8
+    assert sum(store.batch_sizes) == 40
+
+
+@pytest.mark.parametrize("share", [0, 11])
+def test_a_share_outside_one_to_the_cap_is_refused(share: int) -> None:
+    with pytest.raises(ValueError, match="share"):
+        GroupCommit(MemoryStore().insert_events, max_batch=10, share=share)
+
+
 async def test_a_failed_commit_fails_every_delivery_in_it_and_the_next_ones_proceed() -> None:
     store = SlowStore()
     commits = GroupCommit(store.insert_events)

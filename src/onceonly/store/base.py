@@ -87,6 +87,11 @@ class Store(ABC):
     commit_concurrency: int = 1
     #: The most deliveries one group-commit batch carries.
     commit_batch: int = 1000
+    #: With several batches in flight, the deliveries a batch takes when few
+    #: are waiting; under load it takes its part of the queue instead (see
+    #: :class:`~onceonly.batching.GroupCommit`'s `share`). ``None``: a batch
+    #: takes every waiting delivery, up to :attr:`commit_batch`.
+    commit_share: int | None = None
 
     @abstractmethod
     async def open(self) -> None:

@@ -136,14 +136,20 @@ def redact(url: str) -> str:
 class PostgresStore(Store):
     engine = "postgresql"
     # Measured with benchmarks/receive.py: two batches in flight instead of one
-    # keep PostgreSQL busy while a commit waits for its WAL flush.
+    # keep PostgreSQL busy while a commit waits for its WAL flush, and a
+    # database farther away busy while a batch travels (docs/benchmarks.md,
+    # 2026-12-07 from 22:10: with a 0.7 ms round trip, one batch in flight
+    # served a third fewer deliveries at 32 connections).
     commit_concurrency = 2
-    # And batches of at most 16: at 32 connections the deliveries then go in
-    # two batches, and the event loop verifies and answers one while the other
-    # waits for its commit, where one batch of 32 left the loop idle for a
-    # third of the time (docs/benchmarks.md, 2026-12-06: 50-56% of lean
-    # against 44%, 65-69% at 128 connections against 60%).
-    commit_batch = 16
+    # A batch takes 16 deliveries, or half of those waiting when more wait: at
+    # 32 connections the deliveries go in two batches, and the event loop
+    # verifies and answers one while the other waits for its commit, where one
+    # batch of 32 left the loop idle for a third of the time (2026-12-06:
+    # 50-56% of lean against 44%). At 128 connections a fixed 16 held the
+    # throughput to 32 deliveries per round trip; halves served 15-43% more.
+    commit_share = 16
+    # The most in one statement, whatever the queue.
+    commit_batch = 256
 
     def __init__(
         self,
