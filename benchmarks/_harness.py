@@ -290,11 +290,14 @@ class CpuMeter:
     figures a lot; it is measured so that a disturbed run can be told apart.
     Ours are the server and its child processes, wrk and this script (reaped
     children), and PostgreSQL's processes (part of the system under test on the
-    postgres target).
+    postgres target). `helpers`, this script's children that run through the
+    measurement (receive.py's delay proxy), count with the load.
     """
 
-    def __init__(self, server_pid: int) -> None:
+    def __init__(self, server_pid: int, *, helpers: Sequence[int] = ()) -> None:
         self.pid = server_pid
+        self.helpers = list(helpers)
+        self.helper_ticks = sum(_tree_ticks(pid)[0] for pid in self.helpers)
         self.since = time.time()
         self.start = time.monotonic()
         self.machine = _machine_ticks()
@@ -309,6 +312,7 @@ class CpuMeter:
         server = server_ticks - self.server
         postgres = _postgres_ticks() - self.postgres
         own = _own_ticks() - self.own
+        own += sum(_tree_ticks(pid)[0] for pid in self.helpers) - self.helper_ticks
         machine_busy, machine_total = busy - self.machine[0], max(1, total - self.machine[1])
         foreign = machine_busy - server - postgres - own
         return CpuUse(

@@ -37,6 +37,13 @@ ratios compare the same process count. onceonly on SQLite refuses more than one
 serve process: with --workers > 1 the sqlite target is left out, and the
 report says so.
 
+--pg-delay-ms MS puts benchmarks/delay_proxy.py between the postgres server and
+PostgreSQL, adding MS milliseconds each way: a database farther away (another
+zone, a network) than the one on this machine. Only the server's connections
+go through it; the proxy's CPU counts with the load, and a `delay` line gives
+SELECT 1's round trip through it and directly. The group commit's batches in
+flight were chosen against it as well as against the local server.
+
 Every request is a distinct Stripe event (unique `evt_` id) with a valid
 Stripe-Signature, signed ahead of time into a file that benchmarks/receive.lua
 cycles through, one slice per wrk thread; warm-up and measurement use disjoint
@@ -107,16 +114,20 @@ import math
 import os
 import platform
 import secrets
+import select
 import shlex
 import sqlite3
+import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import urlsplit, urlunsplit
 
 import _harness
 from _harness import (
@@ -127,6 +138,7 @@ from _harness import (
     add_pg_admin_url,
     add_run_options,
     add_wait_quiet,
+    asyncpg_url,
     check_common,
     describe_collections,
     dist_version,
@@ -392,6 +404,9 @@ class TargetResult:
     full_collections_ms: list[float] = field(default_factory=list)
     # PostgreSQL's write-ahead log while measured (postgres only): benchmarks/_wal.py.
     wal: WalReport | None = None
+    # With --pg-delay-ms: SELECT 1's round trip (median, ms) through the delay
+    # proxy and directly, measured before the server started.
+    round_trip_ms: RoundTrip | None = None
     # lean's second run at this connection count, after the other targets.
     again: bool = False
     # lean's requests/s at this connection count, each run (two unless
@@ -469,6 +484,9 @@ class Settings:
     pg_database: str
     wait_quiet: int
     wal_prime: bool = True
+    # Added to each direction between the server and PostgreSQL (ms), through
+    # benchmarks/delay_proxy.py; None: the server connects directly.
+    pg_delay_ms: float | None = None
 
 
 def server_command(
@@ -495,6 +513,66 @@ def server_command(
     return argv, env, ("GET", "/healthz", None)
 
 
+DELAY_PROXY = HERE / "delay_proxy.py"
+
+
+def start_delay_proxy(
+    procs: Processes, database_url: str, delay_ms: float
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """benchmarks/delay_proxy.py in front of `database_url`'s server: the URL
+    that goes through it, and its process."""
+    parts = urlsplit(database_url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 5432
+    argv = [sys.executable, str(DELAY_PROXY), "--listen", "0", "--target", f"{host}:{port}"]
+    proc = procs.start([*argv, "--delay-ms", f"{delay_ms:g}"], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], 10.0)
+    line = proc.stdout.readline().decode(errors="replace").split() if ready else []
+    if len(line) != 2 or line[0] != "ready" or not line[1].isdigit():
+        procs.stop(proc, grace=1.0)
+        raise BenchmarkError(f"benchmarks/delay_proxy.py did not start (it said {line!r})")
+    userinfo = parts.netloc.rpartition("@")[0]
+    netloc = f"{userinfo}@127.0.0.1:{line[1]}" if userinfo else f"127.0.0.1:{line[1]}"
+    return urlunsplit(parts._replace(netloc=netloc)), proc
+
+
+@dataclass
+class RoundTrip:
+    """SELECT 1's round trip in ms, the median of 200: through the delay proxy
+    and directly."""
+
+    through_proxy: float
+    direct: float
+
+    @classmethod
+    def measure(cls, direct_url: str, proxy_url: str) -> RoundTrip:
+        return cls(asyncio.run(_select_one_ms(proxy_url)), asyncio.run(_select_one_ms(direct_url)))
+
+    def describe(self, delay_ms: float) -> str:
+        return (
+            f"the server reached PostgreSQL through benchmarks/delay_proxy.py, +{delay_ms:g} ms "
+            f"each way: SELECT 1 took {self.through_proxy:.2f} ms there and back (median of "
+            f"200), {self.direct:.2f} ms direct"
+        )
+
+
+async def _select_one_ms(url: str) -> float:
+    import asyncpg
+
+    conn = await asyncpg.connect(asyncpg_url(url), timeout=10)
+    try:
+        for _ in range(20):
+            await conn.fetchval("SELECT 1")
+        times = []
+        for _ in range(200):
+            start = time.perf_counter()
+            await conn.fetchval("SELECT 1")
+            times.append(time.perf_counter() - start)
+    finally:
+        await conn.close()
+    return round(statistics.median(times) * 1000, 3)
+
+
 def warm_up(
     name: str,
     settings: Settings,
@@ -514,6 +592,24 @@ def warm_up(
     return warm
 
 
+@contextmanager
+def database_reached(
+    procs: Processes, settings: Settings, name: str, target: str, database_url: str | None
+) -> Iterator[tuple[str | None, subprocess.Popen[bytes] | None, RoundTrip | None]]:
+    """The URL the server is given, the delay proxy's process on the way to
+    it (with --pg-delay-ms, on postgres) and the round trip through it."""
+    if target != "postgres" or settings.pg_delay_ms is None or database_url is None:
+        yield database_url, None, None
+        return
+    server_url, proxy = start_delay_proxy(procs, database_url, settings.pg_delay_ms)
+    try:
+        round_trip = RoundTrip.measure(database_url, server_url)
+        log(f"[{name}] {round_trip.describe(settings.pg_delay_ms)}")
+        yield server_url, proxy, round_trip
+    finally:
+        procs.stop(proxy, grace=1.0)
+
+
 def measure(
     procs: Processes,
     settings: Settings,
@@ -527,104 +623,108 @@ def measure(
 ) -> TargetResult:
     """One target at one connection count; `again`: lean's second run there."""
     port = free_port()
-    workers = settings.workers
-    argv, env, ready = server_command(target, port, database_url, workers)
     name = f"{target}{'-again' if again else ''}-c{connections}"
+    with database_reached(procs, settings, name, target, database_url) as reach:
+        server_url, proxy, round_trip = reach
+        workers = settings.workers
+        argv, env, ready = server_command(target, port, server_url, workers)
 
-    # Disjoint slices: [0, split) warms up, [split, events) is measured.
-    total = settings.warmup + settings.duration
-    split = math.ceil(requests.count * settings.warmup / total) if settings.warmup else 0
-    slices = {"warm-up": (0, split), "measured": (split, requests.count)}
+        # Disjoint slices: [0, split) warms up, [split, events) is measured.
+        total = settings.warmup + settings.duration
+        split = math.ceil(requests.count * settings.warmup / total) if settings.warmup else 0
+        slices = {"warm-up": (0, split), "measured": (split, requests.count)}
 
-    def wrk(phase: str, duration: int) -> WrkResult:
-        first, last = slices[phase]
-        return run_wrk(
-            procs,
-            settings.wrk,
-            port,
-            requests,
-            first,
-            last,
-            duration=duration,
-            connections=connections,
-            threads=settings.threads,
-        )
-
-    wal = Watch.of(database_url, priming=settings.wal_prime)
-    with server(procs, name, argv, port=port, env=env, cwd=workdir, ready=ready) as srv:
-        log(f"[{name}] server pid {srv.proc.pid} on port {port}")
-        warm = warm_up(name, settings, wrk, wal)
-        log(f"[{name}] measuring {settings.duration} s")
-        meter = CpuMeter(srv.proc.pid)
-        run = wrk("measured", settings.duration)
-        cpu = meter.stop()
-        wal_report = wal.measurement_ends()
-        if srv.proc.poll() is not None:
-            raise BenchmarkError(f"{name} server died during the run:\n{srv.log_tail()}")
-    # The server has shut down gracefully: every event it took is committed.
-
-    result = TargetResult(
-        target=target,
-        connections=connections,
-        workers=workers,
-        database=database_url,
-        requests=run.requests,
-        duration_s=round(run.duration_s, 3),
-        requests_per_s=round(run.rps, 1),
-        p50_ms=run.latency_ms["p50"],
-        p90_ms=run.latency_ms["p90"],
-        p99_ms=run.latency_ms["p99"],
-        max_ms=run.latency_ms["max"],
-        non_2xx=run.non_2xx,
-        socket_errors=sum(run.socket_errors.values()),
-        warmup_requests_per_s=round(warm.rps, 1) if warm else 0.0,
-        warmup_non_2xx=warm.non_2xx if warm else 0,
-        server_cpu_pct=cpu.server_pct,
-        other_cpu_pct=cpu.other_pct,
-        server_cpu_s=round(cpu.server_cpu_s, 3),
-        server_processes=cpu.server_processes,
-        cpu_us_per_request=per_request(cpu.server_cpu_s, run.requests),
-        db_us_per_request=(
-            per_request(cpu.postgres_cpu_s, run.requests) if target == "postgres" else None
-        ),
-        load_us_per_request=per_request(cpu.load_cpu_s, run.requests),
-        idle_pct=cpu.idle_pct,
-        full_collections_ms=srv.full_collections(cpu.since, cpu.until),
-        wal=wal_report,
-        again=again,
-    )
-    if wal_report is not None and (warning := wal_report.warning()):
-        result.warnings.append(warning)
-    if workers > 1 and cpu.server_processes <= workers:
-        result.warnings.append(
-            f"{cpu.server_processes} server process(es) at the end of the measurement, "
-            f"expected {workers} workers and their supervisor"
-        )
-    if warning := foreign_load_warning(cpu.other_pct):
-        result.warnings.append(warning)
-    for phase, phase_run in (("warm-up", warm), ("measured", run)):
-        if phase_run is None:
-            continue
-        if phase_run.non_2xx:
-            result.problems.append(f"{phase}: {phase_run.non_2xx} non-2xx responses")
-        if any(phase_run.socket_errors.values()):
-            result.problems.append(f"{phase}: socket errors {phase_run.socket_errors}")
-
-    if database_url is not None:
-        ranges = [
-            (requests.event_id(slices[p][0]), requests.event_id(slices[p][1]))
-            for p in ("warm-up", "measured")
-        ]
-        total_rows, (warm_rows, run_rows) = count_rows(database_url, ranges)
-        result.total_rows = total_rows
-        if warm is not None:
-            result.row_checks.append(check_rows("warm-up", warm_rows, warm, connections))
-        result.row_checks.append(check_rows("measured", run_rows, run, connections))
-        if total_rows != warm_rows + run_rows:
-            result.problems.append(
-                f"{total_rows - warm_rows - run_rows} rows in the table that this run never sent"
+        def wrk(phase: str, duration: int) -> WrkResult:
+            first, last = slices[phase]
+            return run_wrk(
+                procs,
+                settings.wrk,
+                port,
+                requests,
+                first,
+                last,
+                duration=duration,
+                connections=connections,
+                threads=settings.threads,
             )
-    return result
+
+        wal = Watch.of(database_url, priming=settings.wal_prime)
+        with server(procs, name, argv, port=port, env=env, cwd=workdir, ready=ready) as srv:
+            log(f"[{name}] server pid {srv.proc.pid} on port {port}")
+            warm = warm_up(name, settings, wrk, wal)
+            log(f"[{name}] measuring {settings.duration} s")
+            meter = CpuMeter(srv.proc.pid, helpers=[proxy.pid] if proxy is not None else [])
+            run = wrk("measured", settings.duration)
+            cpu = meter.stop()
+            wal_report = wal.measurement_ends()
+            if srv.proc.poll() is not None:
+                raise BenchmarkError(f"{name} server died during the run:\n{srv.log_tail()}")
+        # The server has shut down gracefully: every event it took is committed.
+
+        result = TargetResult(
+            target=target,
+            connections=connections,
+            workers=workers,
+            database=database_url,
+            requests=run.requests,
+            duration_s=round(run.duration_s, 3),
+            requests_per_s=round(run.rps, 1),
+            p50_ms=run.latency_ms["p50"],
+            p90_ms=run.latency_ms["p90"],
+            p99_ms=run.latency_ms["p99"],
+            max_ms=run.latency_ms["max"],
+            non_2xx=run.non_2xx,
+            socket_errors=sum(run.socket_errors.values()),
+            warmup_requests_per_s=round(warm.rps, 1) if warm else 0.0,
+            warmup_non_2xx=warm.non_2xx if warm else 0,
+            server_cpu_pct=cpu.server_pct,
+            other_cpu_pct=cpu.other_pct,
+            server_cpu_s=round(cpu.server_cpu_s, 3),
+            server_processes=cpu.server_processes,
+            cpu_us_per_request=per_request(cpu.server_cpu_s, run.requests),
+            db_us_per_request=(
+                per_request(cpu.postgres_cpu_s, run.requests) if target == "postgres" else None
+            ),
+            load_us_per_request=per_request(cpu.load_cpu_s, run.requests),
+            idle_pct=cpu.idle_pct,
+            full_collections_ms=srv.full_collections(cpu.since, cpu.until),
+            wal=wal_report,
+            round_trip_ms=round_trip,
+            again=again,
+        )
+        if wal_report is not None and (warning := wal_report.warning()):
+            result.warnings.append(warning)
+        if workers > 1 and cpu.server_processes <= workers:
+            result.warnings.append(
+                f"{cpu.server_processes} server process(es) at the end of the measurement, "
+                f"expected {workers} workers and their supervisor"
+            )
+        if warning := foreign_load_warning(cpu.other_pct):
+            result.warnings.append(warning)
+        for phase, phase_run in (("warm-up", warm), ("measured", run)):
+            if phase_run is None:
+                continue
+            if phase_run.non_2xx:
+                result.problems.append(f"{phase}: {phase_run.non_2xx} non-2xx responses")
+            if any(phase_run.socket_errors.values()):
+                result.problems.append(f"{phase}: socket errors {phase_run.socket_errors}")
+
+        if database_url is not None:
+            ranges = [
+                (requests.event_id(slices[p][0]), requests.event_id(slices[p][1]))
+                for p in ("warm-up", "measured")
+            ]
+            total_rows, (warm_rows, run_rows) = count_rows(database_url, ranges)
+            result.total_rows = total_rows
+            if warm is not None:
+                result.row_checks.append(check_rows("warm-up", warm_rows, warm, connections))
+            result.row_checks.append(check_rows("measured", run_rows, run, connections))
+            if total_rows != warm_rows + run_rows:
+                result.problems.append(
+                    f"{total_rows - warm_rows - run_rows} rows in the table "
+                    "that this run never sent"
+                )
+        return result
 
 
 # ---------------------------------------------------------------------------
@@ -853,6 +953,10 @@ def print_table(
     for r in results:
         if r.wal is not None:
             print(f"wal {r.name} c{r.connections}: {r.wal.describe()}")
+    for r in results:
+        if r.round_trip_ms is not None and settings.pg_delay_ms is not None:
+            delay = r.round_trip_ms.describe(settings.pg_delay_ms)
+            print(f"delay {r.name} c{r.connections}: {delay}")
     print(
         "vs lean, vs bare: requests/s against that baseline at the same connection count "
         "(lean: the mean of its runs there)"
@@ -860,8 +964,9 @@ def print_table(
     print(
         "µs/req: CPU time (user + system) of the server and its child processes per request "
         "answered;\ndb µs: the same for PostgreSQL's processes; load µs: for wrk and this "
-        "script;\nsrv CPU: the server's, % of one core; idle: the machine's idle time, % of "
-        "all its CPUs;\nother: CPU used by anything outside the benchmark, % of the machine"
+        "script (and the delay proxy);\nsrv CPU: the server's, % of one core; "
+        "idle: the machine's idle time, % of all its CPUs;\n"
+        "other: CPU used by anything outside the benchmark, % of the machine"
     )
     for r in results:
         for c in r.row_checks:
@@ -956,6 +1061,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--no-wal-prime: measure with the log as it is, new segments made mid-run",
     )
     parser.add_argument(
+        "--pg-delay-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="postgres: the server reaches PostgreSQL through benchmarks/delay_proxy.py, "
+        "which adds MS milliseconds each way, as a database farther away would (the "
+        "server's connections only); SELECT 1's round trip through it is printed",
+    )
+    parser.add_argument(
         "--lean-once",
         action="store_true",
         help="measure lean once per connection count (by default it runs again after the "
@@ -988,10 +1102,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         or args.workers < 1
         or args.events < 0
         or args.wait_quiet < 0
+        or (args.pg_delay_ms is not None and not 0 <= args.pg_delay_ms <= 1000)
     ):
         parser.error(
             "needs --duration >= 1, --warmup >= 0, --threads >= 1, --workers >= 1, "
-            "--events >= 0, --wait-quiet >= 0"
+            "--events >= 0, --wait-quiet >= 0, --pg-delay-ms between 0 and 1000"
         )
     check_common(parser, args)
     return args
@@ -1119,6 +1234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pg_database=args.pg_database,
         wait_quiet=args.wait_quiet,
         wal_prime=args.wal_prime,
+        pg_delay_ms=args.pg_delay_ms,
     )
     exit_on_signals()
 

@@ -166,6 +166,8 @@ def test_receive_options(scripts: dict[str, ModuleType]) -> None:
     assert (args.lean_once, parse(["--lean-once"]).lean_once) == (False, True)
     # PostgreSQL's WAL is readied before measuring unless asked not to.
     assert (args.wal_prime, parse(["--no-wal-prime"]).wal_prime) == (True, False)
+    # The server connects to PostgreSQL directly unless a delay is asked for.
+    assert (args.pg_delay_ms, parse(["--pg-delay-ms", "0.25"]).pg_delay_ms) == (None, 0.25)
     assert parse(["--connections", "32,8,32", "--targets", "postgres,lean"]).connections == [
         32,
         8,
@@ -185,6 +187,8 @@ def test_receive_options(scripts: dict[str, ModuleType]) -> None:
         ["--connections", "8", "--threads", "16"],
         ["--workers", "0"],
         ["--workers", "2", "--targets", "sqlite"],
+        ["--pg-delay-ms", "-1"],
+        ["--pg-delay-ms", "2000"],
     ):
         with pytest.raises(SystemExit):
             parse(bad)
