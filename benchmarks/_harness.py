@@ -451,6 +451,21 @@ class WrkResult:
     def in_flight(self) -> int:
         return self.sent - self.requests
 
+    def figures(self) -> dict[str, Any]:
+        """What every script's result row keeps of a measured run, by the
+        row's field names: ``Row(**run.figures(), ...)``."""
+        return {
+            "requests": self.requests,
+            "duration_s": round(self.duration_s, 3),
+            "requests_per_s": round(self.rps, 1),
+            "p50_ms": self.latency_ms["p50"],
+            "p90_ms": self.latency_ms["p90"],
+            "p99_ms": self.latency_ms["p99"],
+            "max_ms": self.latency_ms["max"],
+            "non_2xx": self.non_2xx,
+            "socket_errors": sum(self.socket_errors.values()),
+        }
+
 
 def run_wrk(
     procs: Processes, argv: Sequence[str], *, duration: int, result_prefix: str

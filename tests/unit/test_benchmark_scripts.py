@@ -1054,3 +1054,32 @@ def test_wal_report_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     # The WAL a measurement will write: the warm-up's rate over its length, and a quarter.
     assert _wal.needed_for(20_000_000, 2.0, 8.0) == 100_000_000
     assert _wal.needed_for(20_000_000, 0.0, 8.0) == 0
+
+
+def test_a_runs_figures_are_fields_of_each_scripts_result_row(
+    scripts: dict[str, ModuleType], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    import _harness
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import idempotency
+
+    run = _harness.WrkResult(
+        duration_s=2.0,
+        requests=1000,
+        non_2xx=1,
+        socket_errors={"connect": 0, "read": 2},
+        latency_ms={"p50": 1.0, "p90": 2.0, "p99": 3.0, "max": 9.0},
+        sent=1001,
+    )
+    figures = run.figures()
+    assert (figures["requests_per_s"], figures["socket_errors"], figures["max_ms"]) == (
+        500.0,
+        2,
+        9.0,
+    )
+    for row in (scripts["receive"].TargetResult, idempotency.TargetResult):
+        assert set(figures) <= {f.name for f in dataclasses.fields(row)}, row
+    sys.modules.pop("idempotency", None)
