@@ -404,8 +404,8 @@ class TargetResult:
     full_collections_ms: list[float] = field(default_factory=list)
     # PostgreSQL's write-ahead log while measured (postgres only): benchmarks/_wal.py.
     wal: WalReport | None = None
-    # With --pg-delay-ms: SELECT 1's round trip (median, ms) through the delay
-    # proxy and directly, measured before the server started.
+    # With --pg-delay-ms: SELECT 1's round trip through the delay proxy and
+    # directly, measured before the server started.
     round_trip_ms: RoundTrip | None = None
     # lean's second run at this connection count, after the other targets.
     again: bool = False
@@ -541,16 +541,19 @@ class RoundTrip:
     """SELECT 1's round trip in ms, the median of 200: through the delay proxy
     and directly."""
 
+    delay_ms: float  # added each way
     through_proxy: float
     direct: float
 
     @classmethod
-    def measure(cls, direct_url: str, proxy_url: str) -> RoundTrip:
-        return cls(asyncio.run(_select_one_ms(proxy_url)), asyncio.run(_select_one_ms(direct_url)))
+    def measure(cls, delay_ms: float, direct_url: str, proxy_url: str) -> RoundTrip:
+        through = asyncio.run(_select_one_ms(proxy_url))
+        return cls(delay_ms, through, asyncio.run(_select_one_ms(direct_url)))
 
-    def describe(self, delay_ms: float) -> str:
+    def describe(self) -> str:
         return (
-            f"the server reached PostgreSQL through benchmarks/delay_proxy.py, +{delay_ms:g} ms "
+            f"the server reached PostgreSQL through benchmarks/delay_proxy.py, "
+            f"+{self.delay_ms:g} ms "
             f"each way: SELECT 1 took {self.through_proxy:.2f} ms there and back (median of "
             f"200), {self.direct:.2f} ms direct"
         )
@@ -603,8 +606,8 @@ def database_reached(
         return
     server_url, proxy = start_delay_proxy(procs, database_url, settings.pg_delay_ms)
     try:
-        round_trip = RoundTrip.measure(database_url, server_url)
-        log(f"[{name}] {round_trip.describe(settings.pg_delay_ms)}")
+        round_trip = RoundTrip.measure(settings.pg_delay_ms, database_url, server_url)
+        log(f"[{name}] {round_trip.describe()}")
         yield server_url, proxy, round_trip
     finally:
         procs.stop(proxy, grace=1.0)
@@ -623,32 +626,31 @@ def measure(
 ) -> TargetResult:
     """One target at one connection count; `again`: lean's second run there."""
     port = free_port()
+    workers = settings.workers
     name = f"{target}{'-again' if again else ''}-c{connections}"
-    with database_reached(procs, settings, name, target, database_url) as reach:
-        server_url, proxy, round_trip = reach
-        workers = settings.workers
-        argv, env, ready = server_command(target, port, server_url, workers)
 
-        # Disjoint slices: [0, split) warms up, [split, events) is measured.
-        total = settings.warmup + settings.duration
-        split = math.ceil(requests.count * settings.warmup / total) if settings.warmup else 0
-        slices = {"warm-up": (0, split), "measured": (split, requests.count)}
+    # Disjoint slices: [0, split) warms up, [split, events) is measured.
+    total = settings.warmup + settings.duration
+    split = math.ceil(requests.count * settings.warmup / total) if settings.warmup else 0
+    slices = {"warm-up": (0, split), "measured": (split, requests.count)}
 
-        def wrk(phase: str, duration: int) -> WrkResult:
-            first, last = slices[phase]
-            return run_wrk(
-                procs,
-                settings.wrk,
-                port,
-                requests,
-                first,
-                last,
-                duration=duration,
-                connections=connections,
-                threads=settings.threads,
-            )
+    def wrk(phase: str, duration: int) -> WrkResult:
+        first, last = slices[phase]
+        return run_wrk(
+            procs,
+            settings.wrk,
+            port,
+            requests,
+            first,
+            last,
+            duration=duration,
+            connections=connections,
+            threads=settings.threads,
+        )
 
-        wal = Watch.of(database_url, priming=settings.wal_prime)
+    wal = Watch.of(database_url, priming=settings.wal_prime)
+    with database_reached(procs, settings, name, target, database_url) as (url, proxy, trip):
+        argv, env, ready = server_command(target, port, url, workers)
         with server(procs, name, argv, port=port, env=env, cwd=workdir, ready=ready) as srv:
             log(f"[{name}] server pid {srv.proc.pid} on port {port}")
             warm = warm_up(name, settings, wrk, wal)
@@ -659,64 +661,63 @@ def measure(
             wal_report = wal.measurement_ends()
             if srv.proc.poll() is not None:
                 raise BenchmarkError(f"{name} server died during the run:\n{srv.log_tail()}")
-        # The server has shut down gracefully: every event it took is committed.
+    # The server has shut down gracefully: every event it took is committed.
 
-        result = TargetResult(
-            target=target,
-            connections=connections,
-            workers=workers,
-            database=database_url,
-            **run.figures(),
-            warmup_requests_per_s=round(warm.rps, 1) if warm else 0.0,
-            warmup_non_2xx=warm.non_2xx if warm else 0,
-            server_cpu_pct=cpu.server_pct,
-            other_cpu_pct=cpu.other_pct,
-            server_cpu_s=round(cpu.server_cpu_s, 3),
-            server_processes=cpu.server_processes,
-            cpu_us_per_request=per_request(cpu.server_cpu_s, run.requests),
-            db_us_per_request=(
-                per_request(cpu.postgres_cpu_s, run.requests) if target == "postgres" else None
-            ),
-            load_us_per_request=per_request(cpu.load_cpu_s, run.requests),
-            idle_pct=cpu.idle_pct,
-            full_collections_ms=srv.full_collections(cpu.since, cpu.until),
-            wal=wal_report,
-            round_trip_ms=round_trip,
-            again=again,
+    result = TargetResult(
+        target=target,
+        connections=connections,
+        workers=workers,
+        database=database_url,
+        **run.figures(),
+        warmup_requests_per_s=round(warm.rps, 1) if warm else 0.0,
+        warmup_non_2xx=warm.non_2xx if warm else 0,
+        server_cpu_pct=cpu.server_pct,
+        other_cpu_pct=cpu.other_pct,
+        server_cpu_s=round(cpu.server_cpu_s, 3),
+        server_processes=cpu.server_processes,
+        cpu_us_per_request=per_request(cpu.server_cpu_s, run.requests),
+        db_us_per_request=(
+            per_request(cpu.postgres_cpu_s, run.requests) if target == "postgres" else None
+        ),
+        load_us_per_request=per_request(cpu.load_cpu_s, run.requests),
+        idle_pct=cpu.idle_pct,
+        full_collections_ms=srv.full_collections(cpu.since, cpu.until),
+        wal=wal_report,
+        round_trip_ms=trip,
+        again=again,
+    )
+    if wal_report is not None and (warning := wal_report.warning()):
+        result.warnings.append(warning)
+    if workers > 1 and cpu.server_processes <= workers:
+        result.warnings.append(
+            f"{cpu.server_processes} server process(es) at the end of the measurement, "
+            f"expected {workers} workers and their supervisor"
         )
-        if wal_report is not None and (warning := wal_report.warning()):
-            result.warnings.append(warning)
-        if workers > 1 and cpu.server_processes <= workers:
-            result.warnings.append(
-                f"{cpu.server_processes} server process(es) at the end of the measurement, "
-                f"expected {workers} workers and their supervisor"
-            )
-        if warning := foreign_load_warning(cpu.other_pct):
-            result.warnings.append(warning)
-        for phase, phase_run in (("warm-up", warm), ("measured", run)):
-            if phase_run is None:
-                continue
-            if phase_run.non_2xx:
-                result.problems.append(f"{phase}: {phase_run.non_2xx} non-2xx responses")
-            if any(phase_run.socket_errors.values()):
-                result.problems.append(f"{phase}: socket errors {phase_run.socket_errors}")
+    if warning := foreign_load_warning(cpu.other_pct):
+        result.warnings.append(warning)
+    for phase, phase_run in (("warm-up", warm), ("measured", run)):
+        if phase_run is None:
+            continue
+        if phase_run.non_2xx:
+            result.problems.append(f"{phase}: {phase_run.non_2xx} non-2xx responses")
+        if any(phase_run.socket_errors.values()):
+            result.problems.append(f"{phase}: socket errors {phase_run.socket_errors}")
 
-        if database_url is not None:
-            ranges = [
-                (requests.event_id(slices[p][0]), requests.event_id(slices[p][1]))
-                for p in ("warm-up", "measured")
-            ]
-            total_rows, (warm_rows, run_rows) = count_rows(database_url, ranges)
-            result.total_rows = total_rows
-            if warm is not None:
-                result.row_checks.append(check_rows("warm-up", warm_rows, warm, connections))
-            result.row_checks.append(check_rows("measured", run_rows, run, connections))
-            if total_rows != warm_rows + run_rows:
-                result.problems.append(
-                    f"{total_rows - warm_rows - run_rows} rows in the table "
-                    "that this run never sent"
-                )
-        return result
+    if database_url is not None:
+        ranges = [
+            (requests.event_id(slices[p][0]), requests.event_id(slices[p][1]))
+            for p in ("warm-up", "measured")
+        ]
+        total_rows, (warm_rows, run_rows) = count_rows(database_url, ranges)
+        result.total_rows = total_rows
+        if warm is not None:
+            result.row_checks.append(check_rows("warm-up", warm_rows, warm, connections))
+        result.row_checks.append(check_rows("measured", run_rows, run, connections))
+        if total_rows != warm_rows + run_rows:
+            result.problems.append(
+                f"{total_rows - warm_rows - run_rows} rows in the table that this run never sent"
+            )
+    return result
 
 
 # ---------------------------------------------------------------------------
@@ -946,9 +947,8 @@ def print_table(
         if r.wal is not None:
             print(f"wal {r.name} c{r.connections}: {r.wal.describe()}")
     for r in results:
-        if r.round_trip_ms is not None and settings.pg_delay_ms is not None:
-            delay = r.round_trip_ms.describe(settings.pg_delay_ms)
-            print(f"delay {r.name} c{r.connections}: {delay}")
+        if r.round_trip_ms is not None:
+            print(f"delay {r.name} c{r.connections}: {r.round_trip_ms.describe()}")
     print(
         "vs lean, vs bare: requests/s against that baseline at the same connection count "
         "(lean: the mean of its runs there)"
