@@ -25,7 +25,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-from receive import BODY_TEMPLATE, PATH, SECRET
+from receive import BODY_TEMPLATE, PATH, SECRET, event_id
 
 
 @dataclass(frozen=True)
@@ -39,13 +39,15 @@ class Deliveries:
     """Distinct Stripe deliveries, signed when they are made: a run longer than
     Stripe's 5-minute tolerance (a purge of millions of rows) stays valid."""
 
-    def __init__(self, secret: str = SECRET) -> None:
+    def __init__(self, secret: str = SECRET, *, scattered: bool = False) -> None:
         self.tag = "".join(secrets.choice("ABCDEFGHJKLMNPQRSTUVWXYZ") for _ in range(8))
         self.key = secret.encode()
         self.made = 0
+        #: Ids as receive.event_id makes them: numbered, or md5 digests.
+        self.scattered = scattered
 
     def event_id(self, i: int) -> str:
-        return f"evt_1{self.tag}{i:010d}"
+        return event_id(self.tag, i, scattered=self.scattered)
 
     def next(self) -> Delivery:
         i = self.made

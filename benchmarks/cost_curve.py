@@ -27,6 +27,18 @@ what the measurement wrote to the write-ahead log and whether the server
 made new segment files for it; as in receive.py, the segments it will need
 are readied after the warm-up unless --no-wal-prime (benchmarks/_wal.py).
 
+Event ids (--ids): by default each is an md5 digest, the prefill's, the
+pending events' and the receive load's alike (see _prefill.py and
+receive.event_id), so that a new event's key lands anywhere in the dedup
+index (provider, tenant, event_id), as the UUIDs of GitHub's or Shopify's
+deliveries do. On PostgreSQL a status change (the worker's claim, its mark)
+also adds an entry to that index, at the same place: every index gets one
+when an indexed column changes. In a large table those places are spread
+over pages that recent writes did not touch. --ids sequential numbers the
+ids instead, each sorting next to the last: new keys all land at one end of
+the index, the kind case; the figures before 2026-12-08 were measured that
+way.
+
 Every figure is then given as a ratio to the 0-row figure of the same run.
 The goal of issue 19: every ratio within 10% of the empty table's (claim
 latency at most 1.10x, throughputs at least 0.90x).
@@ -65,6 +77,7 @@ from typing import Any
 
 import _harness
 import _load
+import _pgio
 import _prefill
 import receive
 from _harness import (
@@ -106,6 +119,10 @@ class SizeResult:
     # PostgreSQL, its write-ahead log (benchmarks/_wal.py).
     receive_collections_ms: list[float] = field(default_factory=list)
     receive_wal: WalReport | None = None
+    # On PostgreSQL, what the database did per event (benchmarks/_pgio.py):
+    # the worker's events, and every event the receive phase stored.
+    worker_io: _pgio.PhaseIo | None = None
+    receive_io: _pgio.PhaseIo | None = None
     ratios: dict[str, float] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
@@ -143,12 +160,22 @@ def measure_claims(url: str, samples: int, batch: int, problems: list[str]) -> l
 
 
 def measure_worker(
-    url: str, pending: int, concurrency: int, batch_size: int, problems: list[str]
-) -> float:
+    url: str, fill: _prefill.Fill, concurrency: int, batch_size: int, problems: list[str]
+) -> tuple[float, _pgio.PhaseIo | None]:
+    """Events/s, and on PostgreSQL what the database did for them."""
     from onceonly import Event, Onceonly
     from onceonly.context import Context
     from onceonly.worker import Worker
 
+    pending = fill.pending
+    # The pending events by their rows' ids (see _prefill.Fill.pending_ids),
+    # which hold whatever the event ids are; a primary-key range, not a scan.
+    first, last = fill.pending_ids
+    in_range = f"FROM onceonly_events WHERE id BETWEEN {first} AND {last}"
+    waiting = count(url, f"SELECT count(*) {in_range} AND status = 'pending'")
+    if waiting != pending:
+        problems.append(f"worker: {waiting} pending events at ids {first}-{last}, not {pending}")
+    io_before = _pgio.snapshot(url)
     app = Onceonly(database_url=url, environ={})
 
     @app.handler()
@@ -165,18 +192,16 @@ def measure_worker(
     elapsed = time.perf_counter() - started
     worker.stop()
     thread.join()
-    app.engine.dispose()
-    done = count(
-        url,
-        "SELECT count(*) FROM onceonly_events WHERE status = 'processed'"
-        " AND event_id LIKE 'evt_pending_%'",
-    )
+    app.engine.dispose()  # its connections end: their statistics are reported
+    io_after = _pgio.snapshot(url)
+    io = _pgio.between(io_before, io_after, pending)
+    done = count(url, f"SELECT count(*) {in_range} AND status = 'processed'")
     if worker.processed != pending or done != pending:
         problems.append(
             f"worker: {worker.processed} processed by the worker, {done} in the table, "
             f"of {pending} pending"
         )
-    return pending / elapsed if elapsed else 0.0
+    return (pending / elapsed if elapsed else 0.0), io
 
 
 def count(url: str, sql: str) -> int:
@@ -228,12 +253,14 @@ def measure_receive(
     url: str,
     args: argparse.Namespace,
     problems: list[str],
-) -> tuple[ReceiveFigures, list[float], WalReport | None]:
+) -> tuple[ReceiveFigures, list[float], WalReport | None, _pgio.PhaseIo | None]:
     """The receive phase's figures, the server's full collections while
-    measured (ms) and, on PostgreSQL, its write-ahead log meanwhile."""
+    measured (ms) and, on PostgreSQL, its write-ahead log meanwhile and what
+    the database did per event stored (warm-up included)."""
     port = free_port()
     ready = ("GET", "/healthz", None)
     before = count(url, "SELECT count(*) FROM onceonly_events")
+    io_before = _pgio.snapshot(url)
     wal = Watch.of(url, priming=args.wal_prime)
     with server(
         procs, "onceonly", serve_argv(port), port=port, env=serve_env(url), cwd=workdir, ready=ready
@@ -244,11 +271,15 @@ def measure_receive(
             figures, expected = _receive_python(port, args, problems, wal)
         wal_report = wal.measurement_ends()
     # The server stopped gracefully: everything it answered, or took in, is committed.
+    io_after = _pgio.snapshot(url)  # the server has stopped: its statistics are in
     added = count(url, "SELECT count(*) FROM onceonly_events") - before
     low, high = expected
     if not low <= added <= high:
         problems.append(f"receive: {added} new rows, expected {low} to {high}")
-    return figures, srv.full_collections(figures.since, figures.until), wal_report
+    # The WAL of this window holds the priming's too (see _wal.py): the
+    # measurement's own is the `wal` line's.
+    io = _pgio.between(io_before, io_after, added, with_wal=False)
+    return figures, srv.full_collections(figures.since, figures.until), wal_report, io
 
 
 def _receive_wrk(
@@ -261,7 +292,10 @@ def _receive_wrk(
 ) -> tuple[ReceiveFigures, tuple[int, int]]:
     seconds = args.warmup + args.duration
     requests = receive.write_requests(
-        workdir / "requests.txt", max(300_000, 25_000 * seconds), receive.SECRET
+        workdir / "requests.txt",
+        max(300_000, 25_000 * seconds),
+        receive.SECRET,
+        scattered=args.ids == "random",
     )
     split = requests.count * args.warmup // seconds if args.warmup else 0
 
@@ -309,7 +343,7 @@ def _receive_wrk(
 def _receive_python(
     port: int, args: argparse.Namespace, problems: list[str], wal: Watch
 ) -> tuple[ReceiveFigures, tuple[int, int]]:
-    deliveries = _load.Deliveries()
+    deliveries = _load.Deliveries(scattered=args.ids == "random")
 
     def load(duration: int) -> _load.LoadRun:
         return asyncio.run(
@@ -368,7 +402,7 @@ class Run(Workspace):
 
     def measure(self, rows: int) -> SizeResult:
         args = self.args
-        fill = _prefill.Fill(rows=rows, pending=args.pending)
+        fill = _prefill.Fill(rows=rows, pending=args.pending, ids=args.ids)
         url = self.prepare(fill)
         problems: list[str] = []
         flush_writes()
@@ -378,9 +412,11 @@ class Run(Workspace):
         log(f"[{rows:,} rows] claims")
         claims = measure_claims(url, args.claim_samples, args.claim_batch, problems)
         log(f"[{rows:,} rows] worker, {args.pending:,} events")
-        worker = measure_worker(url, args.pending, args.concurrency, args.batch_size, problems)
+        worker, worker_io = measure_worker(url, fill, args.concurrency, args.batch_size, problems)
         log(f"[{rows:,} rows] receive")
-        rec, collections, wal = measure_receive(self.procs, self.workdir, url, args, problems)
+        rec, collections, wal, receive_io = measure_receive(
+            self.procs, self.workdir, url, args, problems
+        )
         cpu = meter.stop()
         return SizeResult(
             rows=rows,
@@ -395,6 +431,8 @@ class Run(Workspace):
             other_cpu_pct=cpu.other_pct,
             receive_collections_ms=collections,
             receive_wal=wal,
+            worker_io=worker_io,
+            receive_io=receive_io,
             problems=problems,
         )
 
@@ -446,6 +484,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "0,1000000 on SQLite",
     )
     parser.add_argument("--pending", type=int, default=20_000, help="due events for the worker")
+    parser.add_argument(
+        "--ids",
+        choices=_prefill.IDS,
+        default="random",
+        help="event ids of the prefill, the pending events and the receive load: md5 "
+        "digests, which land anywhere in the dedup index as UUIDs do, or numbered, each "
+        "next to the last (the kind case, which runs before 2026-12-08 measured)",
+    )
     parser.add_argument("--claim-samples", type=int, default=300, help="claims timed")
     parser.add_argument("--claim-batch", type=int, default=32, help="events per claim")
     parser.add_argument("--concurrency", type=int, default=4, help="worker threads")
@@ -493,7 +539,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def print_table(results: Sequence[SizeResult], env: dict[str, Any]) -> None:
     print(
         f"\ncost curve on {env['engine']} {env['engine_version']}; Python {env['python']}, "
-        f"{env['cpus']} CPUs; receive client: {results[0].receive_client if results else '-'}"
+        f"{env['cpus']} CPUs; event ids {env['ids']}; "
+        f"receive client: {results[0].receive_client if results else '-'}"
     )
     header = (
         f"{'rows':>11}{'claim p50':>10}{'p99 ms':>8}{'worker/s':>10}{'recv/s':>9}"
@@ -523,6 +570,10 @@ def print_table(results: Sequence[SizeResult], env: dict[str, Any]) -> None:
         )
         if r.receive_wal is not None:
             print(f"wal {r.rows:,} rows: {r.receive_wal.describe()}")
+        if r.worker_io is not None:
+            print(f"database {r.rows:,} rows, worker: {r.worker_io.describe()}")
+        if r.receive_io is not None:
+            print(f"database {r.rows:,} rows, receive: {r.receive_io.describe()}")
     print_problems(results)
 
 
@@ -550,6 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             else asyncio.run(pg_version(args.pg_admin_url, "--engine")),
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
+            "ids": args.ids,
             "onceonly": dist_version("onceonly"),
             **_harness.onceonly_source(),
         }

@@ -48,6 +48,10 @@ Every request is a distinct Stripe event (unique `evt_` id) with a valid
 Stripe-Signature, signed ahead of time into a file that benchmarks/receive.lua
 cycles through, one slice per wrk thread; warm-up and measurement use disjoint
 slices. So onceonly does real verification and real inserts, never duplicates.
+The ids are numbered, each sorting next to the last, so every insert reaches
+the last pages of the dedup index; --ids random scatters them as UUID
+delivery ids are (GitHub's, Shopify's), and each insert reaches a page of
+its own: more pages written per commit.
 
 After each onceonly run the script counts the rows the run stored and checks
 them against what wrk sent: rows == 2xx + requests still in flight when wrk
@@ -211,22 +215,42 @@ BODY_TEMPLATE = json.dumps(_EVENT, separators=(",", ":")).replace('"%(created)s"
 # Signed requests
 
 
+def event_id(tag: str, index: int, *, scattered: bool = False) -> str:
+    """The id of a run's `index`-th event: numbered after the run's `tag`, so
+    that each sorts next to the one before and a run's events are one range of
+    ids; or, `scattered`, the head of an md5 digest of both, as long as the
+    numbered id (the same row size), which lands anywhere among the ids
+    already stored, as UUIDs do."""
+    if scattered:
+        digest = hashlib.md5(f"{tag}{index}".encode()).hexdigest()
+        return "evt_" + digest[: len(tag) + 11]
+    return f"evt_1{tag}{index:010d}"
+
+
 @dataclass
 class RequestsFile:
     path: Path
     count: int
     tag: str
     signed_at: int
+    scattered: bool = False
 
     def event_id(self, index: int) -> str:
-        return f"evt_1{self.tag}{index:010d}"
+        return event_id(self.tag, index, scattered=self.scattered)
+
+    def id_range(self, lo: int, hi: int) -> tuple[str, str]:
+        """[first, last) event ids of events lo to hi (numbered ids only)."""
+        if self.scattered:
+            raise ValueError("scattered event ids form no range")
+        return self.event_id(lo), self.event_id(hi)
 
     def age(self) -> float:
         return time.time() - self.signed_at
 
 
-def write_requests(path: Path, count: int, secret: str) -> RequestsFile:
-    """`count` distinct events, each signed as Stripe does; one per line."""
+def write_requests(path: Path, count: int, secret: str, *, scattered: bool = False) -> RequestsFile:
+    """`count` distinct events, each signed as Stripe does; one per line.
+    Their ids: see :func:`event_id`."""
     tag = "".join(
         secrets.choice("ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz") for _ in range(8)
     )
@@ -237,7 +261,7 @@ def write_requests(path: Path, count: int, secret: str) -> RequestsFile:
     with path.open("w", encoding="ascii", newline="\n") as out:
         for i in range(count):
             body = BODY_TEMPLATE % {
-                "evt": f"evt_1{tag}{i:010d}",
+                "evt": event_id(tag, i, scattered=scattered),
                 "created": now,
                 "key": f"{tag}{i:010d}Bn",
                 "n": f"{i:08d}",
@@ -250,7 +274,7 @@ def write_requests(path: Path, count: int, secret: str) -> RequestsFile:
         # later, in the middle of a measurement, and every fsync waits behind it.
         out.flush()
         os.fsync(out.fileno())
-    return RequestsFile(path, count, tag, now)
+    return RequestsFile(path, count, tag, now, scattered)
 
 
 # ---------------------------------------------------------------------------
@@ -302,6 +326,44 @@ _COUNT_RANGE = (
     "SELECT count(*) FROM onceonly_events WHERE provider = 'stripe'"
     " AND event_id >= {lo} AND event_id < {hi}"
 )
+
+
+_COUNT_IDS_SQLITE = (
+    "SELECT count(*) FROM onceonly_events WHERE provider = 'stripe'"
+    " AND event_id IN (SELECT value FROM json_each(?))"
+)
+_COUNT_IDS_PG = (
+    "SELECT count(*) FROM onceonly_events WHERE provider = 'stripe' AND event_id = ANY($1::text[])"
+)
+
+
+def count_ids(url: str, id_lists: Sequence[Sequence[str]]) -> tuple[int, list[int]]:
+    """(all rows, rows per list of event ids) in onceonly_events at `url`:
+    count_rows for ids that form no range (scattered)."""
+    if url.startswith("sqlite:///"):
+        conn = sqlite3.connect(f"file:{url[len('sqlite:///') :]}?mode=ro", uri=True)
+        try:
+            total = int(conn.execute("SELECT count(*) FROM onceonly_events").fetchone()[0])
+            per = [
+                int(conn.execute(_COUNT_IDS_SQLITE, (json.dumps(list(ids)),)).fetchone()[0])
+                for ids in id_lists
+            ]
+        finally:
+            conn.close()
+        return total, per
+
+    async def pg() -> tuple[int, list[int]]:
+        import asyncpg
+
+        conn = await asyncpg.connect(url, timeout=5)
+        try:
+            total = int(await conn.fetchval("SELECT count(*) FROM onceonly_events"))
+            per = [int(await conn.fetchval(_COUNT_IDS_PG, list(ids))) for ids in id_lists]
+        finally:
+            await conn.close()
+        return total, per
+
+    return asyncio.run(pg())
 
 
 def count_rows(url: str, ranges: Sequence[tuple[str, str]]) -> tuple[int, list[int]]:
@@ -487,6 +549,8 @@ class Settings:
     # Added to each direction between the server and PostgreSQL (ms), through
     # benchmarks/delay_proxy.py; None: the server connects directly.
     pg_delay_ms: float | None = None
+    # "sequential" (numbered event ids) or "random" (scattered: see event_id).
+    ids: str = "sequential"
 
 
 def server_command(
@@ -704,11 +768,13 @@ def measure(
             result.problems.append(f"{phase}: socket errors {phase_run.socket_errors}")
 
     if database_url is not None:
-        ranges = [
-            (requests.event_id(slices[p][0]), requests.event_id(slices[p][1]))
-            for p in ("warm-up", "measured")
-        ]
-        total_rows, (warm_rows, run_rows) = count_rows(database_url, ranges)
+        phases = [slices[p] for p in ("warm-up", "measured")]
+        if requests.scattered:
+            lists = [[requests.event_id(i) for i in range(lo, hi)] for lo, hi in phases]
+            total_rows, (warm_rows, run_rows) = count_ids(database_url, lists)
+        else:
+            ranges = [requests.id_range(lo, hi) for lo, hi in phases]
+            total_rows, (warm_rows, run_rows) = count_rows(database_url, ranges)
         result.total_rows = total_rows
         if warm is not None:
             result.row_checks.append(check_rows("warm-up", warm_rows, warm, connections))
@@ -902,7 +968,8 @@ def print_table(
     workers = f"{settings.workers} server processes" if settings.workers > 1 else "1 server process"
     print(
         f"wrk -t{settings.threads} -c{connections} -d{settings.duration}s after a "
-        f"{settings.warmup} s warm-up; {workers}; uvicorn {env['uvicorn']}, "
+        f"{settings.warmup} s warm-up; {workers}; event ids {settings.ids}; "
+        f"uvicorn {env['uvicorn']}, "
         f"uvloop {env['uvloop']}, httptools {env['httptools']}, starlette {env['starlette']}; "
         f"{env['wrk']}"
     )
@@ -1062,6 +1129,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "server's connections only); SELECT 1's round trip through it is printed",
     )
     parser.add_argument(
+        "--ids",
+        choices=("sequential", "random"),
+        default="sequential",
+        help="event ids: numbered, each sorting next to the last, so that every insert "
+        "reaches the dedup index's last pages (as every figure before 2026-12-08); or "
+        "random, scattered as UUID delivery ids are (the head of an md5 digest, as long): "
+        "each insert then reaches a page of the index of its own",
+    )
+    parser.add_argument(
         "--lean-once",
         action="store_true",
         help="measure lean once per connection count (by default it runs again after the "
@@ -1118,7 +1194,8 @@ class Run(Workspace):
         seconds = settings.warmup + settings.duration
         path = self.workdir / "requests.txt"
         log(f"signing {settings.events:,} events into {path}")
-        requests = write_requests(path, settings.events, SECRET)
+        scattered = settings.ids == "random"
+        requests = write_requests(path, settings.events, SECRET, scattered=scattered)
         # lean again after the others, to see whether the machine's speed held.
         runs = [(target, False) for target in self.args.targets]
         if self.lean_again:
@@ -1130,7 +1207,7 @@ class Run(Workspace):
                 # Timestamps must stay inside Stripe's 300 s tolerance until the end.
                 if requests.age() + seconds + 60 > STRIPE_TOLERANCE_S:
                     log("re-signing the events with a fresh timestamp")
-                    requests = write_requests(path, settings.events, SECRET)
+                    requests = write_requests(path, settings.events, SECRET, scattered=scattered)
                 # A fresh database per measurement: the row checks count what this
                 # measurement sent, and the table's size stays the same for each.
                 database_url: str | None = None
@@ -1227,6 +1304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         wait_quiet=args.wait_quiet,
         wal_prime=args.wal_prime,
         pg_delay_ms=args.pg_delay_ms,
+        ids=args.ids,
     )
     exit_on_signals()
 

@@ -274,7 +274,7 @@ class Comparison:
             problems.append(f"{run.non_2xx} non-2xx answers")
         if sum(run.socket_errors.values()):
             problems.append(f"socket errors: {run.socket_errors}")
-        lo, hi = requests.event_id(split), requests.event_id(requests.count)
+        lo, hi = requests.id_range(split, requests.count)
         _, (rows,) = receive.count_rows(url, [(lo, hi)])
         problems += receive.check_rows("measured", rows, run, self.args.connections).problems
         return problems

@@ -196,13 +196,7 @@ def measure(args: argparse.Namespace, run: Workspace, wrk: str) -> int:
                 f"{target} {phase}: {result.non_2xx} non-2xx, socket errors {result.socket_errors}"
             )
     checked = [phase for target, phase in results if target == "onceonly"]
-    ranges = [
-        (
-            requests.event_id(slices[("onceonly", p)][0]),
-            requests.event_id(slices[("onceonly", p)][1]),
-        )
-        for p in checked
-    ]
+    ranges = [requests.id_range(*slices[("onceonly", p)]) for p in checked]
     total, per_phase = count_rows(database_url, ranges)
     for phase, rows in zip(checked, per_phase, strict=True):
         check = check_rows(phase, rows, results[("onceonly", phase)], args.connections)

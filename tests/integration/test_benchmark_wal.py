@@ -183,7 +183,7 @@ def test_cost_curve_reports_the_wal_and_collections_of_its_receive_phase(
         )  # fmt: skip
     finally:
         sys.path.remove(str(BENCHMARKS))
-        for name in ("cost_curve", "receive", "_harness", "_load", "_prefill", "_wal"):
+        for name in ("cost_curve", "receive", "_harness", "_load", "_pgio", "_prefill", "_wal"):
             sys.modules.pop(name, None)
     assert status == 0
     (result,) = json.loads(capsys.readouterr().out)["results"]

@@ -3,6 +3,8 @@ their stall arithmetic is right (the scripts themselves are run by hand, not in 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -40,6 +42,7 @@ def scripts(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, ModuleType]]:
     }
     for name in (
         "_load",
+        "_pgio",
         "_prefill",
         "_harness",
         "cost_curve",
@@ -137,6 +140,52 @@ def test_cost_curve_rows_default_per_engine(scripts: dict[str, ModuleType]) -> N
             parse(bad)
 
 
+def test_cost_curve_ids_option(scripts: dict[str, ModuleType]) -> None:
+    parse = scripts["cost_curve"].parse_args
+    assert parse([]).ids == "random"
+    assert parse(["--ids", "sequential"]).ids == "sequential"
+    with pytest.raises(SystemExit):
+        parse(["--ids", "uuid"])
+
+
+def test_a_fill_names_its_ids_and_refuses_others(scripts: dict[str, ModuleType]) -> None:
+    import _prefill
+
+    with pytest.raises(ValueError, match="ids must be one of"):
+        _prefill.Fill(rows=1, ids="uuid")
+    # Numbered fills keep the template names they had; random ones differ.
+    assert _prefill.Fill(rows=5).tag == "r5_p0_s60_n0"
+    assert _prefill.Fill(rows=5, ids="random").tag == "r5_p0_s60_n0_random"
+    assert _prefill.Fill(rows=5).event_id("pending", 2) == "evt_pending_2"
+    # The head of a digest, as long as the numbered id.
+    assert _prefill.Fill(rows=5, ids="random").event_id("pending", 12) == (
+        "evt_" + hashlib.md5(b"pending12").hexdigest()[:10]
+    )
+    assert _prefill.Fill(rows=5, pending=3).pending_ids == (6, 8)
+
+
+def test_scattered_requests_have_digest_ids_and_no_range(
+    scripts: dict[str, ModuleType], tmp_path: Path
+) -> None:
+    receive = scripts["receive"]
+    numbered = receive.write_requests(tmp_path / "n.txt", 3, receive.SECRET)
+    scattered = receive.write_requests(tmp_path / "s.txt", 3, receive.SECRET, scattered=True)
+    assert numbered.id_range(0, 2) == (numbered.event_id(0), numbered.event_id(2))
+    assert numbered.event_id(1) < numbered.event_id(2)
+    with pytest.raises(ValueError, match="no range"):
+        scattered.id_range(0, 2)
+    ids = [scattered.event_id(i) for i in range(3)]
+    assert ids[0] == "evt_" + hashlib.md5(f"{scattered.tag}0".encode()).hexdigest()[:19]
+    assert len(ids[0]) == len(numbered.event_id(0))
+    # Each line's body carries its id, and the Python client makes the same ones.
+    lines = (tmp_path / "s.txt").read_text().splitlines()
+    assert [json.loads(line.split("\t", 1)[1])["id"] for line in lines] == ids
+    deliveries = scripts["_load"].Deliveries(scattered=True)
+    first = deliveries.next()
+    assert first.event_id == receive.event_id(deliveries.tag, 0, scattered=True)
+    assert json.loads(first.body)["id"] == first.event_id
+
+
 def test_purge_stall_options(scripts: dict[str, ModuleType]) -> None:
     parse = scripts["purge_stall"].parse_args
     args = parse([])
@@ -168,6 +217,8 @@ def test_receive_options(scripts: dict[str, ModuleType]) -> None:
     assert (args.wal_prime, parse(["--no-wal-prime"]).wal_prime) == (True, False)
     # The server connects to PostgreSQL directly unless a delay is asked for.
     assert (args.pg_delay_ms, parse(["--pg-delay-ms", "0.25"]).pg_delay_ms) == (None, 0.25)
+    # Numbered event ids unless scattered ones are asked for.
+    assert (args.ids, parse(["--ids", "random"]).ids) == ("sequential", "random")
     assert parse(["--connections", "32,8,32", "--targets", "postgres,lean"]).connections == [
         32,
         8,
@@ -189,6 +240,7 @@ def test_receive_options(scripts: dict[str, ModuleType]) -> None:
         ["--workers", "2", "--targets", "sqlite"],
         ["--pg-delay-ms", "-1"],
         ["--pg-delay-ms", "2000"],
+        ["--ids", "uuid"],
     ):
         with pytest.raises(SystemExit):
             parse(bad)
