@@ -340,40 +340,34 @@ _COUNT_IDS_PG = (
 def count_ids(url: str, id_lists: Sequence[Sequence[str]]) -> tuple[int, list[int]]:
     """(all rows, rows per list of event ids) in onceonly_events at `url`:
     count_rows for ids that form no range (scattered)."""
-    if url.startswith("sqlite:///"):
-        conn = sqlite3.connect(f"file:{url[len('sqlite:///') :]}?mode=ro", uri=True)
-        try:
-            total = int(conn.execute("SELECT count(*) FROM onceonly_events").fetchone()[0])
-            per = [
-                int(conn.execute(_COUNT_IDS_SQLITE, (json.dumps(list(ids)),)).fetchone()[0])
-                for ids in id_lists
-            ]
-        finally:
-            conn.close()
-        return total, per
-
-    async def pg() -> tuple[int, list[int]]:
-        import asyncpg
-
-        conn = await asyncpg.connect(url, timeout=5)
-        try:
-            total = int(await conn.fetchval("SELECT count(*) FROM onceonly_events"))
-            per = [int(await conn.fetchval(_COUNT_IDS_PG, list(ids))) for ids in id_lists]
-        finally:
-            await conn.close()
-        return total, per
-
-    return asyncio.run(pg())
+    return _count_each(
+        url,
+        (_COUNT_IDS_SQLITE, [(json.dumps(list(ids)),) for ids in id_lists]),
+        (_COUNT_IDS_PG, [(list(ids),) for ids in id_lists]),
+    )
 
 
 def count_rows(url: str, ranges: Sequence[tuple[str, str]]) -> tuple[int, list[int]]:
     """(all rows, rows per [lo, hi) event-id range) in onceonly_events at `url`."""
+    return _count_each(
+        url,
+        (_COUNT_RANGE.format(lo="?", hi="?"), ranges),
+        (_COUNT_RANGE.format(lo="$1", hi="$2"), ranges),
+    )
+
+
+_Counts = tuple[str, Sequence[Sequence[object]]]
+
+
+def _count_each(url: str, on_sqlite: _Counts, on_postgres: _Counts) -> tuple[int, list[int]]:
+    """(all rows in onceonly_events at `url`, the count of the engine's
+    statement for each of its parameter tuples)."""
     if url.startswith("sqlite:///"):
+        sql, params = on_sqlite
         conn = sqlite3.connect(f"file:{url[len('sqlite:///') :]}?mode=ro", uri=True)
         try:
             total = int(conn.execute("SELECT count(*) FROM onceonly_events").fetchone()[0])
-            sql = _COUNT_RANGE.format(lo="?", hi="?")
-            per = [int(conn.execute(sql, r).fetchone()[0]) for r in ranges]
+            per = [int(conn.execute(sql, p).fetchone()[0]) for p in params]
         finally:
             conn.close()
         return total, per
@@ -381,11 +375,11 @@ def count_rows(url: str, ranges: Sequence[tuple[str, str]]) -> tuple[int, list[i
     async def pg() -> tuple[int, list[int]]:
         import asyncpg
 
+        sql, params = on_postgres
         conn = await asyncpg.connect(url, timeout=5)
         try:
             total = int(await conn.fetchval("SELECT count(*) FROM onceonly_events"))
-            sql = _COUNT_RANGE.format(lo="$1", hi="$2")
-            per = [int(await conn.fetchval(sql, lo, hi)) for lo, hi in ranges]
+            per = [int(await conn.fetchval(sql, *p)) for p in params]
         finally:
             await conn.close()
         return total, per
