@@ -114,6 +114,10 @@ def test_purge_explains_bad_input(env: dict[str, str], tmp_path: Path) -> None:
     short = run("purge", "--older-than", "30d", "--keep-ids", "1d", env=env, cwd=tmp_path)
     assert short.returncode == 2
     assert "shorter than --older-than" in short.stderr
+    for pause in ("-1", "61", "soon"):
+        refused = run("purge", "--pause", pause, env=env, cwd=tmp_path)
+        assert refused.returncode == 2, pause
+        assert "--pause" in refused.stderr
 
 
 def test_standalone_worker_serves_its_metrics(env: dict[str, str], tmp_path: Path) -> None:

@@ -301,6 +301,12 @@ def test_manage_py_replay_and_purge_print_what_the_cli_prints(shop: Shop) -> Non
     assert report["payloads_dropped"] == 0
     with pytest.raises(CommandError, match="not a duration"):
         call_command("onceonly_purge", "--older-than", "3x")
+    for pause in ("-1", "61", "nan", "soon"):
+        with pytest.raises(CommandError, match="--pause"):
+            call_command("onceonly_purge", "--pause", pause)
+    out = io.StringIO()
+    call_command("onceonly_purge", "--dry-run", "--pause", "0.01", "--format", "json", stdout=out)
+    assert json.loads(out.getvalue())["payloads_dropped"] == 0
     # The command line's own refusal, on one line, with its exit status.
     with pytest.raises(CommandError, match=r"--keep-ids \(2:00:00\) is shorter than") as refused:
         call_command("onceonly_purge", "--older-than", "1d", "--keep-ids", "2h")

@@ -4,6 +4,7 @@ memory stays until its own horizon, and a late resend is still a duplicate."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -152,6 +153,36 @@ def test_keep_ids_horizon_finally_forgets_processed_events(world: tuple[Onceonly
     assert find(app, "evt_waiting") is not None
     # Past the horizon, a resend is new again: that is what the horizon means.
     assert not post(url, "evt_old")
+
+
+def test_a_pause_waits_after_each_batch_and_purges_the_same(
+    world: tuple[Onceonly, str],
+) -> None:
+    app, _ = world
+    backdate(app, "evt_recent", days=40)  # two old processed events: two batches of one
+    started = time.monotonic()
+    report = purge(app, older_than="30d", keep_ids="400d", batch_size=1, pause=0.3)
+    elapsed = time.monotonic() - started
+    assert report.payloads_dropped == 2
+    assert elapsed >= 0.6
+    for gone in ("evt_old", "evt_recent"):
+        event = find(app, gone)
+        assert event is not None
+        assert event.payload_purged_at is not None
+    # Nothing left to purge: nothing to wait after.
+    started = time.monotonic()
+    assert purge(app, older_than="30d", keep_ids="400d", pause=5.0).payloads_dropped == 0
+    assert time.monotonic() - started < 5.0
+
+
+@pytest.mark.parametrize("pause", [-0.01, 60.5, float("nan")])
+def test_a_pause_out_of_range_is_refused(world: tuple[Onceonly, str], pause: float) -> None:
+    app, _ = world
+    with pytest.raises(ConfigurationError, match="pause must be between 0 and 60 seconds"):
+        purge(app, older_than="30d", pause=pause)
+    event = find(app, "evt_old")
+    assert event is not None
+    assert event.payload_purged_at is None
 
 
 def test_dry_run_counts_and_changes_nothing(world: tuple[Onceonly, str]) -> None:

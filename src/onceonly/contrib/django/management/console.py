@@ -74,6 +74,20 @@ def duration_of(option: str) -> Callable[[str], timedelta]:
     return parse
 
 
+def pause_seconds(value: str) -> float:
+    """An argparse type: ``onceonly purge --pause``, 0 to MAX_PURGE_PAUSE seconds."""
+    from ....retention import MAX_PURGE_PAUSE
+
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    # `not` catches NaN, which no comparison admits.
+    if not 0 <= seconds <= MAX_PURGE_PAUSE:
+        raise argparse.ArgumentTypeError(f"{value} is not between 0 and {MAX_PURGE_PAUSE:g}")
+    return seconds
+
+
 def batch_size(value: str) -> int:
     """An argparse type: rows per transaction, 1 to 100000 as on the command line."""
     try:

@@ -7,8 +7,9 @@ from typing import Any
 from django.core.management import BaseCommand, CommandParser
 
 from .....cli.maintenance import purge_and_report, purge_command
+from .....retention import DEFAULT_PURGE_BATCH
 from ...conf import get_app
-from ..console import batch_size, duration_of, option_help, run
+from ..console import batch_size, duration_of, option_help, pause_seconds, run
 
 
 class Command(BaseCommand):
@@ -33,8 +34,15 @@ class Command(BaseCommand):
         parser.add_argument(
             "--batch-size",
             type=batch_size,
-            default=1000,
-            help=f"{option_help(purge_command, 'batch_size')} (default: 1000)",
+            default=DEFAULT_PURGE_BATCH,
+            help=f"{option_help(purge_command, 'batch_size')} (default: {DEFAULT_PURGE_BATCH})",
+        )
+        parser.add_argument(
+            "--pause",
+            metavar="SECONDS",
+            type=pause_seconds,
+            default=0.0,
+            help=f"{option_help(purge_command, 'pause')} (default: 0)",
         )
         parser.add_argument(
             "--format",
@@ -53,6 +61,7 @@ class Command(BaseCommand):
                 keep_ids=options["keep_ids"],
                 dry_run=options["dry_run"],
                 batch_size=options["batch_size"],
+                pause=options["pause"],
                 fmt=options["fmt"],
             ),
         )
