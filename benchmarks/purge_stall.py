@@ -193,7 +193,8 @@ async def load_and_purge(port: int, url: str, args: argparse.Namespace, workdir:
         await asyncio.sleep(args.before)
         env = serve_env(url)
         argv = [sys.executable, "-m", "onceonly.cli", "purge", "--older-than", args.older_than]
-        argv += ["--batch-size", str(args.batch_size), "--format", "json"]
+        argv += ["--batch-size", str(args.batch_size), "--pause", str(args.pause)]
+        argv += ["--format", "json"]
         log(f"purging: {' '.join(argv[1:])}")
         wal.append(await _wal_now(url, args.engine))
         purge_start = time.perf_counter()
@@ -347,6 +348,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--batch-size", type=int, default=250, help="the purge's --batch-size (its default)"
     )
+    parser.add_argument(
+        "--pause",
+        type=float,
+        default=0.0,
+        help="the purge's --pause: seconds it waits after each batch (its default: 0)",
+    )
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds the purge may take")
     parser.add_argument(
         "--cache-templates",
@@ -362,6 +369,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep-temp", action="store_true", help="keep the temporary directory")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
+    if not 0 <= args.pause <= 60:
+        parser.error("--pause takes 0 to 60 seconds, as the purge does")
     if args.rows < 1 or args.rate <= 0 or args.connections < 1 or args.batch_size < 1:
         parser.error("needs --rows, --rate, --connections and --batch-size > 0")
     if args.before <= 0 or args.after < 0 or args.wait_quiet < 0:

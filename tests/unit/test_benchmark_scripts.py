@@ -190,8 +190,10 @@ def test_purge_stall_options(scripts: dict[str, ModuleType]) -> None:
     parse = scripts["purge_stall"].parse_args
     args = parse([])
     assert (args.rows, args.rate, args.older_than) == (1_000_000, 200.0, "30d")
-    with pytest.raises(SystemExit):
-        parse(["--rate", "0"])
+    assert (args.pause, parse(["--pause", "0.014"]).pause) == (0.0, 0.014)
+    for bad in (["--rate", "0"], ["--pause", "-1"], ["--pause", "61"], ["--pause", "nan"]):
+        with pytest.raises(SystemExit):
+            parse(bad)
 
 
 def test_longest_gap_is_the_longest_time_without_a_response(
