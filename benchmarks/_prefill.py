@@ -62,7 +62,7 @@ class Fill:
     #: Newest first received this long ago (purge_stall.py makes all rows old).
     newest_age_days: float = 0.0
     pending: int = 0
-    #: "sequential" (numbered ids) or "random" (md5 digests); see the module.
+    #: "sequential" (numbered ids) or "random" (heads of md5 digests); see the module.
     ids: str = "sequential"
 
     def __post_init__(self) -> None:

@@ -27,8 +27,9 @@ what the measurement wrote to the write-ahead log and whether the server
 made new segment files for it; as in receive.py, the segments it will need
 are readied after the warm-up unless --no-wal-prime (benchmarks/_wal.py).
 
-Event ids (--ids): by default each is an md5 digest, the prefill's, the
-pending events' and the receive load's alike (see _prefill.py and
+Event ids (--ids): by default each is the head of an md5 digest, as long
+as the numbered id it replaces, the prefill's, the pending events' and the
+receive load's alike (see _prefill.py and
 receive.event_id), so that a new event's key lands anywhere in the dedup
 index (provider, tenant, event_id), as the UUIDs of GitHub's or Shopify's
 deliveries do. On PostgreSQL a status change (the worker's claim, its mark)
@@ -488,8 +489,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--ids",
         choices=_prefill.IDS,
         default="random",
-        help="event ids of the prefill, the pending events and the receive load: md5 "
-        "digests, which land anywhere in the dedup index as UUIDs do, or numbered, each "
+        help="event ids of the prefill, the pending events and the receive load: heads "
+        "of md5 digests, which land anywhere in the dedup index as UUIDs do, or numbered, each "
         "next to the last (the kind case, which runs before 2026-12-08 measured)",
     )
     parser.add_argument("--claim-samples", type=int, default=300, help="claims timed")

@@ -71,6 +71,7 @@ from _harness import (
 )
 from _wal import Sampler, WalState, WalUnknown, made_through, read_state
 from cost_curve import count, serve_argv, serve_env
+from onceonly.retention import MAX_PURGE_PAUSE
 
 GOAL_STALL_MS = 100.0
 TEMPLATE_PREFIX = "onceonly_bench_purge_tpl"
@@ -369,8 +370,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep-temp", action="store_true", help="keep the temporary directory")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
-    if not 0 <= args.pause <= 60:
-        parser.error("--pause takes 0 to 60 seconds, as the purge does")
+    if not 0 <= args.pause <= MAX_PURGE_PAUSE:
+        parser.error(f"--pause takes 0 to {MAX_PURGE_PAUSE:g} seconds, as the purge does")
     if args.rows < 1 or args.rate <= 0 or args.connections < 1 or args.batch_size < 1:
         parser.error("needs --rows, --rate, --connections and --batch-size > 0")
     if args.before <= 0 or args.after < 0 or args.wait_quiet < 0:
